@@ -1,0 +1,293 @@
+//! One watch per resource, shared by every controller: a cache plus change notifications.
+//!
+//! kube-runtime's reflector gives a store, and its shared-stream variant is still unstable; the
+//! CCM needs what client-go's SharedInformer gives: one Node watch feeding four controllers,
+//! each told `(old, new)` so it can decide cheaply whether a change concerns it (the route
+//! controller cares about podCIDRs, the service controller about exclusion labels).
+//!
+//! Objects are stored behind `Arc` after a transform that drops what no controller reads
+//! (`managedFields`, node images), which is most of a Node's size. Because of that, controllers
+//! must write with patches, never by PUT-ing a cached object back.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Resource, ResourceExt};
+use parking_lot::{Mutex, RwLock};
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+/// A change to one cached object: `old: None` is an add, `new: None` a delete.
+#[derive(Debug)]
+pub struct Change<K> {
+    /// The object before the change, if it was cached.
+    pub old: Option<Arc<K>>,
+    /// The object after the change, if it still exists.
+    pub new: Option<Arc<K>>,
+}
+
+impl<K> Clone for Change<K> {
+    fn clone(&self) -> Self {
+        Change {
+            old: self.old.clone(),
+            new: self.new.clone(),
+        }
+    }
+}
+
+/// Cache key: `namespace/name` for namespaced objects, `name` otherwise (as client-go).
+pub fn object_key<K: Resource>(obj: &K) -> String {
+    let meta = obj.meta();
+    match &meta.namespace {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{}", meta.name.as_deref().unwrap_or("")),
+        _ => meta.name.clone().unwrap_or_default(),
+    }
+}
+
+type Transform<K> = Arc<dyn Fn(&mut K) + Send + Sync>;
+
+struct Inner<K> {
+    store: RwLock<HashMap<String, Arc<K>>>,
+    subscribers: Mutex<Vec<mpsc::UnboundedSender<Change<K>>>>,
+    ready: watch::Sender<bool>,
+    transform: Transform<K>,
+}
+
+/// A shared cache of one resource kind with change fan-out.
+pub struct Informer<K> {
+    inner: Arc<Inner<K>>,
+}
+
+impl<K> Clone for Informer<K> {
+    fn clone(&self) -> Self {
+        Informer {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K> Default for Informer<K>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+{
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K> Informer<K>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+{
+    /// An empty cache that stores objects as received, minus `managedFields`.
+    pub fn new() -> Self {
+        Self::with_transform(|obj: &mut K| {
+            obj.meta_mut().managed_fields = None;
+        })
+    }
+
+    /// An empty cache applying `transform` to each object before storing it (to drop fields no
+    /// controller reads).
+    pub fn with_transform(transform: impl Fn(&mut K) + Send + Sync + 'static) -> Self {
+        Informer {
+            inner: Arc::new(Inner {
+                store: RwLock::default(),
+                subscribers: Mutex::default(),
+                ready: watch::channel(false).0,
+                transform: Arc::new(transform),
+            }),
+        }
+    }
+
+    /// Receives every later change. Objects already cached arrive first as adds, so a
+    /// controller that subscribes late sees the same world as one that subscribed early.
+    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<Change<K>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        // Hold the store lock while registering so no change slips between snapshot and feed.
+        let store = self.inner.store.read();
+        for obj in store.values() {
+            let _ = tx.send(Change {
+                old: None,
+                new: Some(obj.clone()),
+            });
+        }
+        self.inner.subscribers.lock().push(tx);
+        drop(store);
+        rx
+    }
+
+    /// The cached object with this key.
+    pub fn get(&self, key: &str) -> Option<Arc<K>> {
+        self.inner.store.read().get(key).cloned()
+    }
+
+    /// Every cached object.
+    pub fn list(&self) -> Vec<Arc<K>> {
+        self.inner.store.read().values().cloned().collect()
+    }
+
+    /// Number of cached objects.
+    pub fn len(&self) -> usize {
+        self.inner.store.read().len()
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True once the first full list has been received.
+    pub fn is_ready(&self) -> bool {
+        *self.inner.ready.borrow()
+    }
+
+    /// Waits until the first full list has been received: controllers must not act on a
+    /// partial view (deleting routes for nodes "missing" from half a list, say).
+    pub async fn wait_ready(&self) {
+        let mut rx = self.inner.ready.subscribe();
+        let _ = rx.wait_for(|r| *r).await;
+    }
+
+    fn notify(&self, change: Change<K>) {
+        self.inner
+            .subscribers
+            .lock()
+            .retain(|tx| tx.send(change.clone()).is_ok());
+    }
+
+    /// Adds or replaces one object, notifying subscribers. The watch loop uses it; tests may too.
+    pub fn apply(&self, mut obj: K) {
+        (self.inner.transform)(&mut obj);
+        let key = object_key(&obj);
+        let new = Arc::new(obj);
+        let mut store = self.inner.store.write();
+        let old = store.insert(key, new.clone());
+        // Unchanged resourceVersion (a re-list of the same object) is not a change.
+        if let Some(o) = &old
+            && o.meta().resource_version.is_some()
+            && o.meta().resource_version == new.meta().resource_version
+        {
+            return;
+        }
+        self.notify(Change {
+            old,
+            new: Some(new),
+        });
+    }
+
+    /// Removes one object, notifying subscribers.
+    pub fn delete(&self, obj: &K) {
+        let key = object_key(obj);
+        let mut store = self.inner.store.write();
+        if let Some(old) = store.remove(&key) {
+            self.notify(Change {
+                old: Some(old),
+                new: None,
+            });
+        }
+    }
+
+    /// Replaces the whole cache with `objects` (a fresh list), notifying subscribers of each
+    /// difference, then marks the cache ready.
+    pub fn replace(&self, objects: Vec<K>) {
+        let mut fresh = HashMap::with_capacity(objects.len());
+        for mut obj in objects {
+            (self.inner.transform)(&mut obj);
+            fresh.insert(object_key(&obj), Arc::new(obj));
+        }
+        let mut store = self.inner.store.write();
+        let old_store = std::mem::take(&mut *store);
+        for (key, new) in &fresh {
+            let old = old_store.get(key).cloned();
+            let unchanged = old.as_ref().is_some_and(|o| {
+                o.meta().resource_version.is_some()
+                    && o.meta().resource_version == new.meta().resource_version
+            });
+            if !unchanged {
+                self.notify(Change {
+                    old,
+                    new: Some(new.clone()),
+                });
+            }
+        }
+        for (key, old) in old_store {
+            if !fresh.contains_key(&key) {
+                self.notify(Change {
+                    old: Some(old),
+                    new: None,
+                });
+            }
+        }
+        *store = fresh;
+        drop(store);
+        self.inner.ready.send_replace(true);
+    }
+
+    /// Watches `api` until `shutdown`, keeping the cache current. Watch errors (410 Gone,
+    /// disconnects) are retried with backoff by kube-runtime, which re-lists as needed.
+    pub async fn run(self, api: Api<K>, config: watcher::Config, shutdown: CancellationToken)
+    where
+        K: DeserializeOwned + Debug,
+        K::DynamicType: Default,
+    {
+        let stream = watcher::watcher(api, config).default_backoff();
+        futures::pin_mut!(stream);
+        let mut relist: Option<Vec<K>> = None;
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                next = stream.next() => next,
+            };
+            match next {
+                None => return,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, kind = %K::kind(&Default::default()), "watch failed; retrying")
+                }
+                Some(Ok(Event::Init)) => relist = Some(Vec::new()),
+                Some(Ok(Event::InitApply(obj))) => {
+                    if let Some(list) = relist.as_mut() {
+                        list.push(obj);
+                    }
+                }
+                Some(Ok(Event::InitDone)) => {
+                    let list = relist.take().unwrap_or_default();
+                    tracing::debug!(count = list.len(), kind = %K::kind(&Default::default()), "cache (re)listed");
+                    self.replace(list);
+                }
+                Some(Ok(Event::Apply(obj))) => self.apply(obj),
+                Some(Ok(Event::Delete(obj))) => self.delete(&obj),
+            }
+        }
+    }
+}
+
+/// Drops the parts of a Node no controller reads: `managedFields` and the image list (often
+/// the largest part of a Node), so 5,000 cached Nodes stay small.
+pub fn trim_node(node: &mut k8s_openapi::api::core::v1::Node) {
+    node.metadata.managed_fields = None;
+    if let Some(annotations) = node.metadata.annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+    }
+}
+
+/// Drops `managedFields` and kubectl's last-applied annotation from a Service.
+pub fn trim_service(svc: &mut k8s_openapi::api::core::v1::Service) {
+    svc.metadata.managed_fields = None;
+    if let Some(annotations) = svc.metadata.annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+/// The name of an object, empty if unset.
+pub fn name_of<K: Resource>(obj: &K) -> String {
+    obj.name_any()
+}
