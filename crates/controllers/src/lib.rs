@@ -14,4 +14,4 @@ pub mod informer;
 pub mod nodeutil;
 pub mod queue;
 
-pub use context::Shared;
+pub use context::{Shared, StartError};
