@@ -13,5 +13,6 @@ pub mod events;
 pub mod informer;
 pub mod nodeutil;
 pub mod queue;
+pub mod service;
 
 pub use context::{Shared, StartError};
