@@ -14,5 +14,7 @@ pub mod informer;
 pub mod nodeutil;
 pub mod queue;
 pub mod service;
+pub mod node;
+pub mod node_lifecycle;
 
 pub use context::{Shared, StartError};

@@ -242,6 +242,24 @@ where
         delay
     }
 
+    /// Like [`WorkQueue::add_rate_limited`], but waits at least `min` (a throttled cloud's
+    /// `retry_after` hint): backing off less than the cloud asked only earns another refusal.
+    pub fn add_rate_limited_min(&self, key: K, min: Duration) -> Duration {
+        let delay = {
+            let mut st = self.shared.state.lock();
+            let n = st.failures.entry(key.clone()).or_default();
+            *n += 1;
+            self.shared.backoff.delay(*n).max(min)
+        };
+        self.shared
+            .metrics
+            .retries
+            .get_or_create(&self.shared.name)
+            .inc();
+        self.add_after(key, delay);
+        delay
+    }
+
     /// Consecutive failures recorded for `key`.
     pub fn failures(&self, key: &K) -> u32 {
         self.shared
