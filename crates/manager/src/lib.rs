@@ -1,1 +1,12 @@
-//! placeholder
+//! # ccm-manager: what turns controllers into a cloud-controller-manager
+//!
+//! Upstream-compatible flags ([`options`]), leader election on a Lease ([`leader`]), the
+//! health and metrics server ([`serve`]) and the wiring that starts the enabled controllers
+//! against one client and one provider ([`run`]).
+
+pub mod client;
+pub mod leader;
+pub mod options;
+pub mod procfs;
+pub mod serve;
+mod tls;

@@ -1,0 +1,204 @@
+//! Kubernetes clients: from `--kubeconfig`/`--master` or in-cluster, with the client-side rate
+//! limit of `--kube-api-qps`/`--kube-api-burst`, a per-controller User-Agent, and optionally a
+//! per-controller service account (`--use-service-account-credentials`).
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use ccm_cloud::TokenBucket;
+use http::header::{HeaderValue, USER_AGENT};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+/// User agent prefix, as upstream's `cloud-controller-manager`.
+pub const USER_AGENT_BASE: &str = "cloud-controller-manager";
+
+/// Reads `--kubeconfig` (or the in-cluster / default config) and applies `--master`.
+pub async fn load_config(
+    kubeconfig: Option<&Path>,
+    master: Option<&str>,
+) -> anyhow::Result<kube::Config> {
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("--kubeconfig {}: cannot read", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("--kubeconfig {}: invalid", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no --kubeconfig given and no in-cluster or default kubeconfig found")?,
+    };
+    if let Some(master) = master {
+        config.cluster_url = master
+            .parse()
+            .with_context(|| format!("--master {master:?}: not a URL"))?;
+    }
+    Ok(config)
+}
+
+/// A token bucket in front of a client, shared by every clone of it.
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    bucket: Option<Arc<parking_lot::Mutex<TokenBucket>>>,
+}
+
+impl RateLimitLayer {
+    /// `qps <= 0` disables the limit.
+    pub fn new(qps: f64, burst: u32) -> Self {
+        RateLimitLayer {
+            bucket: (qps > 0.0).then(|| {
+                Arc::new(parking_lot::Mutex::new(TokenBucket::new(
+                    qps,
+                    burst,
+                    Instant::now(),
+                )))
+            }),
+        }
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimited<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimited {
+            inner,
+            bucket: self.bucket.clone(),
+            pending: None,
+            reserved: false,
+        }
+    }
+}
+
+/// The service produced by [`RateLimitLayer`]: readiness waits for a token, so requests leave
+/// at most `qps` per second (after a burst), in order.
+pub struct RateLimited<S> {
+    inner: S,
+    bucket: Option<Arc<parking_lot::Mutex<TokenBucket>>>,
+    /// The wait for the token reserved for the next call, once reserved.
+    pending: Option<Pin<Box<tokio::time::Sleep>>>,
+    reserved: bool,
+}
+
+impl<S, R> Service<R> for RateLimited<S>
+where
+    S: Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if let Some(bucket) = &self.bucket
+            && !self.reserved
+        {
+            let wait = bucket.lock().reserve(Instant::now());
+            self.reserved = true;
+            if !wait.is_zero() {
+                self.pending = Some(Box::pin(tokio::time::sleep(wait)));
+            }
+        }
+        if let Some(sleep) = self.pending.as_mut() {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.pending = None;
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        self.reserved = false;
+        self.inner.call(req)
+    }
+}
+
+/// Builds a client from `config` with a User-Agent and a rate limit.
+pub fn build_client(
+    mut config: kube::Config,
+    user_agent: &str,
+    limit: &RateLimitLayer,
+) -> anyhow::Result<kube::Client> {
+    config.headers.retain(|(name, _)| name != USER_AGENT);
+    config.headers.push((
+        USER_AGENT,
+        HeaderValue::from_str(user_agent).context("user agent")?,
+    ));
+    let builder =
+        kube::client::ClientBuilder::try_from(config).context("building the Kubernetes client")?;
+    Ok(builder.with_layer(limit).build())
+}
+
+/// How long minted service-account tokens live; they are refreshed at half that.
+const TOKEN_TTL: Duration = Duration::from_secs(3600);
+
+/// Mints a token for `kube-system/<account>` with the TokenRequest API and returns a config
+/// that authenticates with it. The token lives in a file that a background task refreshes,
+/// and kube-rs re-reads token files, so the client never expires.
+pub async fn service_account_config(
+    admin: &kube::Client,
+    base: &kube::Config,
+    account: &str,
+    token_dir: &Path,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<kube::Config> {
+    let path: PathBuf = token_dir.join(format!("{account}.token"));
+    write_token(admin, account, &path).await?;
+    let admin = admin.clone();
+    let account_owned = account.to_string();
+    let refresh_path = path.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(TOKEN_TTL / 2) => {}
+            }
+            if let Err(e) = write_token(&admin, &account_owned, &refresh_path).await {
+                tracing::warn!(account = %account_owned, error = %e, "could not refresh service account token");
+            }
+        }
+    });
+    let mut config = base.clone();
+    config.auth_info = kube::config::AuthInfo {
+        token_file: Some(path.display().to_string()),
+        ..Default::default()
+    };
+    Ok(config)
+}
+
+async fn write_token(admin: &kube::Client, account: &str, path: &Path) -> anyhow::Result<()> {
+    let api: Api<ServiceAccount> = Api::namespaced(admin.clone(), "kube-system");
+    let req = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: None,
+            expiration_seconds: Some(TOKEN_TTL.as_secs() as i64),
+            bound_object_ref: None,
+        }),
+        ..Default::default()
+    };
+    let resp = api
+        .create_token_request(account, &PostParams::default(), &req)
+        .await
+        .with_context(|| {
+            format!("--use-service-account-credentials: cannot mint a token for kube-system/{account} (does the service account exist, and may the CCM create serviceaccounts/token?)")
+        })?;
+    let token = resp
+        .status
+        .and_then(|s| s.token)
+        .filter(|t| !t.is_empty())
+        .with_context(|| format!("TokenRequest for kube-system/{account} returned no token"))?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, token).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}

@@ -1,0 +1,244 @@
+//! `/healthz`, `/readyz`, `/livez` and `/metrics` on `--bind-address:--secure-port`.
+//!
+//! - `/healthz`: every check (leader-election watchdog, one per running controller), with
+//!   `/healthz/<check>` and `?verbose` as upstream.
+//! - `/livez`: the process serves requests (no dependency checks, so a kubelet never restarts a
+//!   CCM because the API server is down).
+//! - `/readyz`: caches are synced and the health checks pass.
+//! - `/metrics`: the whole registry (controllers, provider, workqueues, leader election,
+//!   `process_*`) in OpenMetrics text.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path as AxPath, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use parking_lot::RwLock;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+/// A named check: `Ok` when healthy, `Err(reason)` otherwise.
+pub type Check = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// Health and readiness checks, added as components start.
+#[derive(Clone, Default)]
+pub struct Health {
+    health: Arc<RwLock<Vec<(String, Check)>>>,
+    ready: Arc<RwLock<Vec<(String, Check)>>>,
+}
+
+impl Health {
+    /// Adds a check to `/healthz` (and so to `/readyz`).
+    pub fn add_health(&self, name: &str, check: Check) {
+        self.health.write().push((name.to_string(), check));
+    }
+    /// Adds a check to `/readyz` only (e.g. "caches synced").
+    pub fn add_ready(&self, name: &str, check: Check) {
+        self.ready.write().push((name.to_string(), check));
+    }
+
+    fn run(&self, include_ready: bool, only: Option<&str>, exclude: &[String]) -> (bool, String) {
+        let mut lines = vec!["[+]ping ok".to_string()];
+        let mut ok = true;
+        let health = self.health.read();
+        let ready = self.ready.read();
+        let mut checks: Vec<&(String, Check)> = health.iter().collect();
+        if include_ready {
+            checks.extend(ready.iter());
+        }
+        let mut found = only.is_none();
+        for (name, check) in checks {
+            if exclude.iter().any(|e| e == name) || only.is_some_and(|o| o != name) {
+                continue;
+            }
+            found = true;
+            match check() {
+                Ok(()) => lines.push(format!("[+]{name} ok")),
+                Err(reason) => {
+                    ok = false;
+                    lines.push(format!("[-]{name} failed: {reason}"));
+                }
+            }
+        }
+        if !found {
+            return (
+                false,
+                format!("no such check {:?}", only.unwrap_or_default()),
+            );
+        }
+        (ok, lines.join("\n"))
+    }
+}
+
+/// Shared state of the HTTP handlers.
+#[derive(Clone)]
+struct AppState {
+    health: Health,
+    registry: Arc<RwLock<Registry>>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct CheckQuery {
+    verbose: Option<String>,
+    exclude: Option<String>,
+}
+
+fn check_response(health: &Health, ready: bool, only: Option<&str>, q: &CheckQuery) -> Response {
+    let exclude: Vec<String> = q
+        .exclude
+        .as_deref()
+        .map(|e| e.split(',').map(str::to_string).collect())
+        .unwrap_or_default();
+    let (ok, detail) = health.run(ready, only, &exclude);
+    let code = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    let body = if q.verbose.is_some() || !ok {
+        format!(
+            "{detail}\n{} check {}\n",
+            if ready { "readyz" } else { "healthz" },
+            if ok { "passed" } else { "failed" }
+        )
+    } else {
+        "ok".to_string()
+    };
+    (
+        code,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+async fn healthz(State(s): State<AppState>, Query(q): Query<CheckQuery>) -> Response {
+    check_response(&s.health, false, None, &q)
+}
+
+async fn healthz_one(
+    State(s): State<AppState>,
+    AxPath(name): AxPath<String>,
+    Query(q): Query<CheckQuery>,
+) -> Response {
+    check_response(&s.health, false, Some(&name), &q)
+}
+
+async fn readyz(State(s): State<AppState>, Query(q): Query<CheckQuery>) -> Response {
+    check_response(&s.health, true, None, &q)
+}
+
+async fn livez() -> &'static str {
+    "ok"
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    let mut body = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut body, &s.registry.read()) {
+        return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// The router, for tests and for embedding.
+pub fn router(health: Health, registry: Arc<RwLock<Registry>>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/healthz/{name}", get(healthz_one))
+        .route("/readyz", get(readyz))
+        .route("/livez", get(livez))
+        .route("/metrics", get(metrics))
+        .with_state(AppState { health, registry })
+}
+
+/// Serves until `shutdown`. With a certificate and key, HTTPS; otherwise plain HTTP with a
+/// warning (upstream generates a self-signed certificate; ccm-rs prefers to say so plainly).
+pub async fn serve(
+    addr: SocketAddr,
+    tls: Option<(&Path, &Path)>,
+    health: Health,
+    registry: Arc<RwLock<Registry>>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    let app = router(health, registry);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("--bind-address/--secure-port {addr}: cannot listen: {e}"))?;
+    let local = listener.local_addr()?;
+    match tls {
+        None => {
+            tracing::warn!(%local, "serving /healthz and /metrics over plain HTTP: pass --tls-cert-file and --tls-private-key-file for HTTPS");
+            tokio::spawn(async move {
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown.cancelled_owned())
+                    .await;
+            });
+        }
+        Some((cert, key)) => {
+            let acceptor = crate::tls::acceptor(cert, key)?;
+            tracing::info!(%local, "serving /healthz and /metrics over HTTPS");
+            tokio::spawn(crate::tls::serve_tls(listener, acceptor, app, shutdown));
+        }
+    }
+    Ok(local)
+}
+
+/// `process_*` metrics read from /proc on each scrape (Linux), as Go's process collector.
+#[derive(Debug)]
+pub struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(p) = crate::procfs::read_self() else {
+            return Ok(());
+        };
+        let cpu = ConstCounter::new(p.cpu_seconds);
+        cpu.encode(encoder.encode_descriptor(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds",
+            None,
+            cpu.metric_type(),
+        )?)?;
+        for (name, help, value) in [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+                p.rss_bytes as f64,
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes",
+                p.vsize_bytes as f64,
+            ),
+            (
+                "process_start_time_seconds",
+                "Start time of the process since unix epoch in seconds",
+                p.start_time_seconds,
+            ),
+            (
+                "process_open_fds",
+                "Number of open file descriptors",
+                p.open_fds as f64,
+            ),
+        ] {
+            let g = ConstGauge::new(value);
+            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
