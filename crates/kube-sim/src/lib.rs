@@ -1,1 +1,627 @@
-//! placeholder
+//! An in-memory Kubernetes API server over real HTTP, for tests, `ccm demo` and `ccm bench`.
+//!
+//! No kube-apiserver can run on the development and CI machines, and kube-rs offers no
+//! in-memory server, yet every controller test, the demo and the benchmark need one that real
+//! clients — kube-rs and the `kubectl` binary — accept. Where this server's behaviour is
+//! observable by a client it follows kube-apiserver: resourceVersions, watch semantics (410
+//! Expired, bookmarks, selector transitions), strategic merge keys, defaulting and allocation of
+//! Services, validation messages and `metav1.Status` error bodies. Differences that remain are
+//! listed below and in the crate README; anything else that differs is a bug.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! let sim = ccm_kube_sim::KubeSim::start(ccm_kube_sim::Config::default()).await?;
+//! let client = sim.client_with_user_agent("node-controller")?;
+//! // ... drive controllers with `client` ...
+//! let writes = sim.count_writes("node-controller");
+//! # let _ = (client, writes);
+//! sim.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! # Known differences from kube-apiserver
+//!
+//! - **Kinds**: only core/v1 nodes, services, namespaces, configmaps, secrets, serviceaccounts
+//!   (+ `token` subresource), events, pods and endpoints (both stored without any behaviour),
+//!   coordination.k8s.io/v1 leases, events.k8s.io/v1 events and discovery.k8s.io/v1
+//!   endpointslices. No CRDs, no RBAC (every valid token may do everything), no admission.
+//! - **Events**: core/v1 and events.k8s.io/v1 Events are stored separately; the real server
+//!   stores one object and converts between the two views.
+//! - **Serialization**: JSON only (no protobuf, no YAML request bodies; protobuf-only Accept
+//!   headers still get JSON). List items carry `kind`/`apiVersion`. No `managedFields`.
+//! - **Server-side apply** is refused with 415 (clear message); client-side `kubectl apply`
+//!   works. `dryRun`, `fieldManager`, `fieldValidation` are accepted and ignored (unknown
+//!   fields are stored, never rejected).
+//! - **Discovery**: plain discovery only (no aggregated discovery, no OpenAPI: `/openapi/v2`
+//!   and `/openapi/v3` are 404, so use `kubectl apply --validate=false`; `kubectl explain`
+//!   does not work).
+//! - **Lists**: every list is served from the current state whatever `resourceVersion` /
+//!   `resourceVersionMatch` ask (no `Exact` reads of the past); `continue` tokens resume after
+//!   the last key against the current state instead of a snapshot, and never expire.
+//! - **Watch**: history is kept per kind as a count of events (`retention`), not a time window;
+//!   a watch from a resourceVersion newer than the server's starts there instead of waiting;
+//!   bookmarks are sent every `bookmark_interval` (real: about a minute); watch `timeoutSeconds`
+//!   defaults to `watch_timeout` (real: randomised 30–60 min). A watcher that falls more than
+//!   `watch_buffer` events behind is disconnected (the real server also drops slow watchers,
+//!   with different thresholds).
+//! - **Deletion**: `gracePeriodSeconds`, `propagationPolicy` and `orphanDependents` are ignored
+//!   (no garbage collector, no owner-reference cascading); `deletionGracePeriodSeconds` is 0.
+//!   Deleting a namespace removes it and everything in it at once (no Terminating phase).
+//!   DeleteCollection is not implemented (405).
+//! - **Validation** covers names, labels/annotations, Service type/ports/nodePorts/
+//!   loadBalancerClass/traffic policies/IP families, Node pod CIDRs/taints/providerID and Lease
+//!   fields; other fields of other kinds are stored unvalidated. Create with `resourceVersion`
+//!   set is accepted (the real server rejects it).
+//! - **Strategic merge patch**: list merge keys exist for the fields of the served kinds
+//!   (`ResourceDesc::patch_lists`); `$setElementOrder` is accepted but does not reorder;
+//!   `$retainKeys` is honoured. A failed JSON-patch `test` gives 422 like upstream, but the
+//!   cause message is the Rust json-patch crate's wording.
+//! - **Services**: ClusterIPs are random within the CIDR (no static/dynamic band split);
+//!   NodePorts are one pool regardless of protocol; no Endpoints/EndpointSlice controller.
+//!   The `kubernetes` Service in `default` is created at start.
+//! - **Auth**: bearer tokens only (static list + TokenRequest tokens, which never expire);
+//!   anonymous access is allowed to `/version`, `/healthz`, `/livez`, `/readyz` only. No client
+//!   certificates, no impersonation, no authorization.
+//! - **Metrics**: `/metrics` serves only `apiserver_request_total`, with an extra `client`
+//!   label (the whole User-Agent) and empty `version`/`scope` labels.
+//! - **Faults** (429/500/latency) apply to resource requests, never to discovery, health or
+//!   metrics.
+
+#![forbid(unsafe_code)]
+
+mod discovery;
+mod faults;
+mod kinds;
+mod metrics;
+mod patch;
+mod resources;
+mod selectors;
+mod server;
+mod status;
+mod store;
+mod table;
+mod tls;
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use base64::Engine as _;
+use ipnet::IpNet;
+use parking_lot::RwLock;
+use serde_json::json;
+use tokio::net::TcpListener;
+
+pub use faults::Faults;
+pub use metrics::{RequestCount, RequestKey, Verb};
+pub use resources::{ListStrategy, RESOURCES, ResourceDesc};
+pub use status::{ApiError, FieldError, FieldErrorKind};
+
+use kinds::Allocator;
+use server::Shared;
+use store::Store;
+
+/// The default bearer token of in-process simulators (CLI mode generates one unless given).
+pub const DEFAULT_TOKEN: &str = "kube-sim-admin-token";
+
+/// The User-Agent of [`KubeSim::client`].
+pub const DEFAULT_USER_AGENT: &str = "kube-sim-client";
+
+/// Simulator settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where to listen; port 0 picks a free port. Loopback by default.
+    pub listen: SocketAddr,
+    /// Bearer tokens accepted (the first one goes into kubeconfigs and clients).
+    pub tokens: Vec<String>,
+    /// Service CIDRs, at most one per IP family; the first is the primary family.
+    pub service_cidrs: Vec<IpNet>,
+    /// NodePort range, inclusive.
+    pub node_port_range: (u16, u16),
+    /// Watch history kept per kind, in events; older resourceVersions get 410 Expired.
+    pub retention: usize,
+    /// Events a watcher may lag behind before it is disconnected.
+    pub watch_buffer: usize,
+    /// How often watches with `allowWatchBookmarks` get a BOOKMARK.
+    pub bookmark_interval: Duration,
+    /// Watch duration when the client sends no `timeoutSeconds`.
+    pub watch_timeout: Duration,
+    /// Serve HTTPS with a generated CA instead of plain HTTP.
+    pub tls: bool,
+    /// Latency added to every API request.
+    pub fault_latency: Duration,
+    /// Fraction of API requests (all verbs) failed with 429.
+    pub fault_429_rate: f64,
+    /// Fraction of API requests (all verbs) failed with 500.
+    pub fault_500_rate: f64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            tokens: vec![DEFAULT_TOKEN.to_string()],
+            service_cidrs: vec![IpNet::V4(
+                "10.96.0.0/12".parse().unwrap_or_else(|_| unreachable!()),
+            )],
+            node_port_range: (30000, 32767),
+            retention: 10_000,
+            watch_buffer: 4096,
+            bookmark_interval: Duration::from_secs(10),
+            watch_timeout: Duration::from_secs(1800),
+            tls: false,
+            fault_latency: Duration::ZERO,
+            fault_429_rate: 0.0,
+            fault_500_rate: 0.0,
+        }
+    }
+}
+
+/// A running simulator. Dropping it stops serving (like [`KubeSim::shutdown`], without waiting).
+pub struct KubeSim {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    tls: Option<tls::TlsMaterial>,
+    token: String,
+    faults: Faults,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for KubeSim {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+fn validate_cidrs(cidrs: &[IpNet]) -> anyhow::Result<()> {
+    anyhow::ensure!(!cidrs.is_empty(), "at least one service CIDR is required");
+    anyhow::ensure!(
+        cidrs.len() <= 2,
+        "at most two service CIDRs (one per family)"
+    );
+    if cidrs.len() == 2 {
+        anyhow::ensure!(
+            matches!(cidrs[0], IpNet::V4(_)) != matches!(cidrs[1], IpNet::V4(_)),
+            "two service CIDRs must be of different IP families"
+        );
+    }
+    Ok(())
+}
+
+impl KubeSim {
+    /// Starts serving on `cfg.listen` with the default namespaces and the `kubernetes` Service.
+    pub async fn start(cfg: Config) -> anyhow::Result<Self> {
+        validate_cidrs(&cfg.service_cidrs)?;
+        anyhow::ensure!(!cfg.tokens.is_empty(), "at least one token is required");
+        let listener = TcpListener::bind(cfg.listen)
+            .await
+            .with_context(|| format!("binding {}", cfg.listen))?;
+        let addr = listener.local_addr()?;
+        let store = Arc::new(Store::new(
+            cfg.retention,
+            cfg.watch_buffer,
+            Allocator::new(cfg.service_cidrs.clone(), cfg.node_port_range),
+        ));
+        seed(&store, &cfg)?;
+        let (disconnect, _) = tokio::sync::watch::channel(0u64);
+        let disconnect = Arc::new(disconnect);
+        let fault_cfg = Arc::new(RwLock::new(faults::FaultConfig {
+            retry_after: 1,
+            latency: cfg.fault_latency,
+            ..Default::default()
+        }));
+        let faults = Faults {
+            cfg: fault_cfg.clone(),
+            disconnect: disconnect.clone(),
+            store: store.clone(),
+        };
+        if cfg.fault_429_rate > 0.0 {
+            faults.set_429_rate(None, cfg.fault_429_rate);
+        }
+        if cfg.fault_500_rate > 0.0 {
+            faults.set_500_rate(None, cfg.fault_500_rate);
+        }
+        let tls = if cfg.tls {
+            let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+            if !addr.ip().is_unspecified() && !addr.ip().is_loopback() {
+                hosts.push(addr.ip().to_string());
+            }
+            Some(tls::generate(&hosts)?)
+        } else {
+            None
+        };
+        let shared = Arc::new(Shared {
+            store,
+            metrics: metrics::Metrics::default(),
+            tokens: RwLock::new(cfg.tokens.iter().cloned().collect::<HashSet<_>>()),
+            faults: fault_cfg,
+            disconnect,
+            bookmark_interval: cfg.bookmark_interval,
+            default_watch_timeout: cfg.watch_timeout,
+            server_address: RwLock::new(addr.to_string()),
+        });
+        let acceptor = match &tls {
+            Some(t) => Some(t.acceptor()?),
+            None => None,
+        };
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(accept_loop(listener, acceptor, shared.clone(), stop_rx));
+        Ok(Self {
+            addr,
+            shared,
+            tls,
+            token: cfg.tokens[0].clone(),
+            faults,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The base URL clients connect to (`http://` or `https://`).
+    pub fn url(&self) -> String {
+        let host = if self.addr.ip().is_unspecified() {
+            "127.0.0.1".to_string()
+        } else if self.addr.is_ipv6() {
+            format!("[{}]", self.addr.ip())
+        } else {
+            self.addr.ip().to_string()
+        };
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{host}:{}", self.addr.port())
+    }
+
+    /// The bearer token clients use.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Accepts another bearer token from now on.
+    pub fn add_token(&self, token: impl Into<String>) {
+        self.shared.tokens.write().insert(token.into());
+    }
+
+    /// A kube client with [`DEFAULT_USER_AGENT`]. Must be called inside a tokio runtime.
+    pub fn client(&self) -> anyhow::Result<kube::Client> {
+        self.client_with_user_agent(DEFAULT_USER_AGENT)
+    }
+
+    /// A kube client whose requests are counted under `user_agent` (the `client` label).
+    pub fn client_with_user_agent(&self, user_agent: &str) -> anyhow::Result<kube::Client> {
+        Ok(kube::Client::try_from(self.kube_config(user_agent)?)?)
+    }
+
+    /// The kube client configuration behind [`Self::client_with_user_agent`], for callers that
+    /// tune timeouts or retries before building a client.
+    pub fn kube_config(&self, user_agent: &str) -> anyhow::Result<kube::Config> {
+        use http::{HeaderValue, header};
+        let mut c = kube::Config::new(self.url().parse()?);
+        c.headers.push((
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {}", self.token))?,
+        ));
+        c.headers
+            .push((header::USER_AGENT, HeaderValue::from_str(user_agent)?));
+        if let Some(t) = &self.tls {
+            c.root_cert = Some(vec![t.ca_der.clone()]);
+        }
+        Ok(c)
+    }
+
+    /// A kubeconfig (YAML) for kubectl and kube-rs.
+    pub fn kubeconfig_yaml(&self) -> String {
+        let ca = match &self.tls {
+            Some(t) => format!(
+                "    certificate-authority-data: {}\n",
+                base64::engine::general_purpose::STANDARD.encode(&t.ca_pem)
+            ),
+            None => String::new(),
+        };
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-sim\n  cluster:\n    server: {}\n{ca}\
+             users:\n- name: kube-sim-admin\n  user:\n    token: {}\ncontexts:\n- name: kube-sim\n  context:\n    \
+             cluster: kube-sim\n    user: kube-sim-admin\n    namespace: default\ncurrent-context: kube-sim\npreferences: {{}}\n",
+            self.url(),
+            self.token
+        )
+    }
+
+    /// Writes [`Self::kubeconfig_yaml`] to `path` (mode 0600 on Unix).
+    pub fn write_kubeconfig(&self, path: &Path) -> anyhow::Result<()> {
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(path, self.kubeconfig_yaml())
+            .with_context(|| format!("writing {}", path.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        }
+        Ok(())
+    }
+
+    /// The fault-injection handle.
+    pub fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
+    /// All request counters.
+    pub fn requests(&self) -> Vec<RequestCount> {
+        self.shared.metrics.snapshot()
+    }
+
+    /// Successful writes (create/update/patch/delete with a 2xx answer) sent with User-Agent `client`.
+    pub fn count_writes(&self, client: &str) -> u64 {
+        self.count_requests(|k| {
+            k.client == client && k.verb.is_write() && (200..300).contains(&k.code)
+        })
+    }
+
+    /// Sums the counters whose labels satisfy `pred`.
+    pub fn count_requests(&self, pred: impl Fn(&RequestKey) -> bool) -> u64 {
+        self.requests()
+            .into_iter()
+            .filter(|c| pred(&c.key))
+            .map(|c| c.count)
+            .sum()
+    }
+
+    /// Zeroes all request counters.
+    pub fn reset_requests(&self) {
+        self.shared.metrics.reset();
+    }
+
+    /// The current global resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.shared.store.rv()
+    }
+
+    /// Stops accepting, closes open connections (watches included) and waits for the listener.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        self.faults.disconnect_watches();
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+fn seed(store: &Store, cfg: &Config) -> anyhow::Result<()> {
+    use resources::ids;
+    for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        store
+            .create(ids::NAMESPACES, "", json!({"metadata": {"name": ns}}))
+            .map_err(|e| anyhow::anyhow!("seeding namespace {ns}: {e}"))?;
+    }
+    // The apiserver's own Service takes the first address of the primary range.
+    let first = match cfg.service_cidrs[0] {
+        IpNet::V4(n) => std::net::IpAddr::V4((u32::from(n.network()) + 1).into()),
+        IpNet::V6(n) => std::net::IpAddr::V6((u128::from(n.network()) + 1).into()),
+    };
+    store
+        .create(
+            ids::SERVICES,
+            "default",
+            json!({
+                "metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+                "spec": {"clusterIP": first.to_string(), "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]},
+            }),
+        )
+        .map_err(|e| anyhow::anyhow!("seeding the kubernetes Service: {e}"))?;
+    Ok(())
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shared: Arc<Shared>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = stop.changed() => break,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "kube-sim: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            // Reap finished connections so the set does not grow without bound.
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        let tls = tls.clone();
+        conns.spawn(async move {
+            let svc =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let s = shared.clone();
+                    async move { Ok::<_, Infallible>(s.handle(req).await) }
+                });
+            let builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let res = match tls {
+                Some(acc) => match acc.accept(stream).await {
+                    Ok(s) => {
+                        builder
+                            .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                            .await
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "kube-sim: TLS handshake failed");
+                        return;
+                    }
+                },
+                None => {
+                    builder
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                        .await
+                }
+            };
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "kube-sim: connection ended with error");
+            }
+        });
+    }
+    conns.shutdown().await;
+}
+
+/// Parses durations like `250ms`, `2s`, `1m` (flags).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" | "" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {s:?} (use ms, s, m or h)"
+            ));
+        }
+    };
+    if !(0.0..=1e9).contains(&secs) {
+        return Err(format!("duration out of range: {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("invalid rate {s:?}"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("rate must be between 0 and 1, got {v}"))
+    }
+}
+
+fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
+    let (a, b) = s
+        .split_once('-')
+        .ok_or_else(|| format!("invalid port range {s:?} (want LOW-HIGH)"))?;
+    let lo: u16 = a
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid port {a:?}"))?;
+    let hi: u16 = b
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid port {b:?}"))?;
+    if lo == 0 || lo > hi {
+        return Err(format!("invalid port range {s:?}"));
+    }
+    Ok((lo, hi))
+}
+
+/// Flags of `ccm kube-sim`: serve until Ctrl-C and write a kubeconfig for kubectl.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CliOptions {
+    /// Address to listen on. Loopback by default; anything else exposes an unauthenticated-by-RBAC API.
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    pub listen: SocketAddr,
+    /// Where to write a kubeconfig for kubectl / kube-rs.
+    #[arg(long)]
+    pub kubeconfig_out: Option<PathBuf>,
+    /// Bearer token to accept (a random one is generated when omitted).
+    #[arg(long, env = "KUBE_SIM_TOKEN")]
+    pub token: Option<String>,
+    /// Service CIDR(s), comma-separated, at most one per IP family.
+    #[arg(long, default_value = "10.96.0.0/12", value_delimiter = ',')]
+    pub service_cidr: Vec<IpNet>,
+    /// NodePort range.
+    #[arg(long, default_value = "30000-32767", value_parser = parse_port_range)]
+    pub service_node_port_range: (u16, u16),
+    /// Watch events kept per kind; watches resuming from older resourceVersions get 410 Expired.
+    #[arg(long, default_value_t = 10_000)]
+    pub retention: usize,
+    /// Interval between watch bookmarks.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub bookmark_interval: Duration,
+    /// Latency added to every API request (e.g. 20ms).
+    #[arg(long, default_value = "0ms", value_parser = parse_duration)]
+    pub fault_latency: Duration,
+    /// Fraction (0-1) of API requests answered 429 TooManyRequests with Retry-After.
+    #[arg(long, default_value = "0", value_parser = parse_rate)]
+    pub fault_429_rate: f64,
+    /// Fraction (0-1) of API requests answered 500 InternalError.
+    #[arg(long, default_value = "0", value_parser = parse_rate)]
+    pub fault_500_rate: f64,
+    /// Serve HTTPS with a generated CA (written into the kubeconfig).
+    #[arg(long, overrides_with = "no_tls", default_value_t = true)]
+    pub tls: bool,
+    /// Serve plain HTTP.
+    #[arg(long = "no-tls")]
+    pub no_tls: bool,
+}
+
+impl CliOptions {
+    /// The simulator configuration these flags describe.
+    pub fn to_config(&self) -> Config {
+        let token = self.token.clone().unwrap_or_else(|| {
+            let r: [u8; 16] = rand::random();
+            r.iter().map(|b| format!("{b:02x}")).collect()
+        });
+        Config {
+            listen: self.listen,
+            tokens: vec![token],
+            service_cidrs: self.service_cidr.clone(),
+            node_port_range: self.service_node_port_range,
+            retention: self.retention,
+            bookmark_interval: self.bookmark_interval,
+            tls: self.tls && !self.no_tls,
+            fault_latency: self.fault_latency,
+            fault_429_rate: self.fault_429_rate,
+            fault_500_rate: self.fault_500_rate,
+            ..Config::default()
+        }
+    }
+}
+
+/// Runs `ccm kube-sim`: serves until Ctrl-C, after writing the kubeconfig if asked.
+pub async fn serve_cli(opts: CliOptions) -> anyhow::Result<()> {
+    let sim = KubeSim::start(opts.to_config()).await?;
+    if let Some(p) = &opts.kubeconfig_out {
+        sim.write_kubeconfig(p)?;
+        eprintln!(
+            "kube-sim: serving {} — kubeconfig written to {} (try: KUBECONFIG={} kubectl get nodes)",
+            sim.url(),
+            p.display(),
+            p.display()
+        );
+    } else {
+        eprintln!(
+            "kube-sim: serving {} (bearer token {}); pass --kubeconfig-out PATH for kubectl",
+            sim.url(),
+            sim.token()
+        );
+    }
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    eprintln!("kube-sim: shutting down");
+    sim.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,112 @@
+//! Discovery documents: what kubectl and kube-rs read to map kinds to URLs.
+//!
+//! Plain (non-aggregated) discovery only: clients that prefer aggregated discovery fall back
+//! to it when the server answers with a plain `APIGroupList`, as kube-apiserver before 1.26 did.
+
+use serde_json::{Value, json};
+
+use crate::resources::{self, RESOURCES};
+
+/// The Kubernetes version the simulator claims (matches the k8s-openapi feature of the workspace).
+pub const KUBE_MINOR: &str = "36";
+
+/// `/version`.
+pub fn version() -> Value {
+    json!({
+        "major": "1",
+        "minor": KUBE_MINOR,
+        "emulationMajor": "1",
+        "emulationMinor": KUBE_MINOR,
+        "minCompatibilityMajor": "1",
+        "minCompatibilityMinor": "35",
+        "gitVersion": format!("v1.{KUBE_MINOR}.0-kube-sim"),
+        "gitCommit": "0000000000000000000000000000000000000000",
+        "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": "go1.25.0",
+        "compiler": "gc",
+        "platform": "linux/amd64",
+    })
+}
+
+/// `/api`.
+pub fn api_versions(server_address: &str) -> Value {
+    json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}],
+    })
+}
+
+fn group_entry(g: &str, v: &str) -> Value {
+    let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
+    json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
+}
+
+/// `/apis`.
+pub fn api_group_list() -> Value {
+    let groups: Vec<Value> = resources::groups()
+        .iter()
+        .map(|(g, v)| group_entry(g, v))
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// `/apis/{group}`.
+pub fn api_group(g: &str) -> Option<Value> {
+    let (g, v) = resources::groups().into_iter().find(|(gg, _)| *gg == g)?;
+    let mut e = group_entry(g, v);
+    e["kind"] = json!("APIGroup");
+    e["apiVersion"] = json!("v1");
+    Some(e)
+}
+
+/// `/api/v1` and `/apis/{group}/{version}`.
+pub fn resource_list(group: &str, version: &str) -> Value {
+    let mut out = Vec::new();
+    for r in RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+    {
+        let mut e = json!({
+            "name": r.plural,
+            "singularName": r.singular,
+            "namespaced": r.namespaced,
+            "kind": r.kind,
+            "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+        });
+        if !r.short_names.is_empty() {
+            e["shortNames"] = json!(r.short_names);
+        }
+        if !r.categories.is_empty() {
+            e["categories"] = json!(r.categories);
+        }
+        out.push(e);
+        if r.status_subresource {
+            out.push(json!({
+                "name": format!("{}/status", r.plural),
+                "singularName": "",
+                "namespaced": r.namespaced,
+                "kind": r.kind,
+                "verbs": ["get", "patch", "update"],
+            }));
+        }
+        if r.plural == "serviceaccounts" {
+            out.push(json!({
+                "name": "serviceaccounts/token",
+                "singularName": "",
+                "namespaced": true,
+                "group": "authentication.k8s.io",
+                "version": "v1",
+                "kind": "TokenRequest",
+                "verbs": ["create"],
+            }));
+        }
+    }
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out})
+}

@@ -1,0 +1,105 @@
+//! Fault injection: what a real control plane does to clients on a bad day.
+//!
+//! Controllers must survive throttling (429 with Retry-After), server errors, slow responses,
+//! dropped watches and expired resourceVersions; these knobs make each happen on demand, in
+//! tests and from the CLI.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+
+use crate::metrics::Verb;
+use crate::store::Store;
+
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FaultConfig {
+    pub latency: Duration,
+    pub rate_429: HashMap<Option<Verb>, f64>,
+    pub rate_500: HashMap<Option<Verb>, f64>,
+    pub retry_after: u32,
+}
+
+impl FaultConfig {
+    fn rate(map: &HashMap<Option<Verb>, f64>, verb: Verb) -> f64 {
+        map.get(&Some(verb))
+            .or_else(|| map.get(&None))
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    /// Decides this request's fate: `Some(429|500)` to fail it.
+    pub fn roll(&self, verb: Verb) -> Option<u16> {
+        let p429 = Self::rate(&self.rate_429, verb);
+        let p500 = Self::rate(&self.rate_500, verb);
+        if p429 <= 0.0 && p500 <= 0.0 {
+            return None;
+        }
+        let x: f64 = rand::random();
+        if x < p429 {
+            Some(429)
+        } else if x < p429 + p500 {
+            Some(500)
+        } else {
+            None
+        }
+    }
+}
+
+/// A handle to change faults on a running simulator.
+#[derive(Clone)]
+pub struct Faults {
+    pub(crate) cfg: Arc<RwLock<FaultConfig>>,
+    pub(crate) disconnect: Arc<tokio::sync::watch::Sender<u64>>,
+    pub(crate) store: Arc<Store>,
+}
+
+impl Faults {
+    /// Delays every API request (discovery and health excluded) by `d`.
+    pub fn set_latency(&self, d: Duration) {
+        self.cfg.write().latency = d;
+    }
+
+    /// Fails a fraction `p` (0.0–1.0) of requests of `verb` (all verbs when `None`) with 429
+    /// TooManyRequests and `Retry-After`.
+    pub fn set_429_rate(&self, verb: Option<Verb>, p: f64) {
+        self.cfg.write().rate_429.insert(verb, p.clamp(0.0, 1.0));
+    }
+
+    /// Fails a fraction `p` of requests of `verb` (all when `None`) with 500 InternalError.
+    pub fn set_500_rate(&self, verb: Option<Verb>, p: f64) {
+        self.cfg.write().rate_500.insert(verb, p.clamp(0.0, 1.0));
+    }
+
+    /// Seconds sent in `Retry-After` with injected 429s (default 1).
+    pub fn set_retry_after(&self, secs: u32) {
+        self.cfg.write().retry_after = secs;
+    }
+
+    /// Removes every injected error and latency.
+    pub fn clear(&self) {
+        let mut c = self.cfg.write();
+        let retry_after = c.retry_after;
+        *c = FaultConfig {
+            retry_after,
+            ..FaultConfig::default()
+        };
+    }
+
+    /// Closes every open watch now; clients re-watch from their last resourceVersion.
+    pub fn disconnect_watches(&self) {
+        self.disconnect.send_modify(|g| *g += 1);
+    }
+
+    /// Keeps only the last `n` events per kind; watches resuming from older versions get 410.
+    pub fn set_retention(&self, n: usize) {
+        self.store.set_retention(n);
+    }
+
+    /// Forgets all retained events, so every resumed watch gets 410 Expired and relists
+    /// (what an etcd compaction does to a real cluster).
+    pub fn compact(&self) {
+        self.store.compact();
+    }
+}

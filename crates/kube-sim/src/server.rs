@@ -1,0 +1,932 @@
+//! HTTP request handling: routing, auth, faults, accounting, and the REST verbs.
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use base64::Engine as _;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Limited};
+use parking_lot::RwLock;
+use serde_json::{Map, Value, json};
+use tokio::sync::{broadcast, mpsc};
+
+use crate::faults::FaultConfig;
+use crate::metrics::{Metrics, RequestKey, Verb};
+use crate::patch::{self, PatchType};
+use crate::resources::{self, RESOURCES, ResourceDesc, ids};
+use crate::selectors::{FieldSelector, LabelSelector};
+use crate::status::ApiError;
+use crate::store::{
+    Deleted, Endpoint, EventType, Key, Preconditions, Store, WatchEvent, WatchStart, event_line,
+    now_rfc3339,
+};
+use crate::table::{self, IncludeObject};
+
+const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// State shared by all connections.
+pub(crate) struct Shared {
+    pub store: Arc<Store>,
+    pub metrics: Metrics,
+    pub tokens: RwLock<HashSet<String>>,
+    pub faults: Arc<RwLock<FaultConfig>>,
+    pub disconnect: Arc<tokio::sync::watch::Sender<u64>>,
+    pub bookmark_interval: Duration,
+    pub default_watch_timeout: Duration,
+    pub server_address: RwLock<String>,
+}
+
+/// Query parameters, percent-decoded.
+struct Query(Vec<(String, String)>);
+
+fn pct_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl Query {
+    fn parse(q: Option<&str>) -> Self {
+        Self(
+            q.unwrap_or_default()
+                .split('&')
+                .filter(|p| !p.is_empty())
+                .map(|p| match p.split_once('=') {
+                    Some((k, v)) => (pct_decode(k), pct_decode(v)),
+                    None => (pct_decode(p), String::new()),
+                })
+                .collect(),
+        )
+    }
+    fn get(&self, k: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(kk, _)| kk == k)
+            .map(|(_, v)| v.as_str())
+    }
+    fn flag(&self, k: &str) -> bool {
+        matches!(self.get(k), Some("1" | "true" | "True"))
+    }
+}
+
+fn json_bytes(code: u16, body: Bytes, content_type: &str) -> Response<Body> {
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_str(content_type).unwrap_or(HeaderValue::from_static("application/json")),
+    );
+    r
+}
+
+fn json_resp(code: u16, v: &Value) -> Response<Body> {
+    json_bytes(
+        code,
+        Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
+        "application/json",
+    )
+}
+
+fn error_resp(e: &ApiError) -> Response<Body> {
+    let mut r = json_resp(e.code, &e.to_status());
+    if let Some(s) = e.retry_after
+        && let Ok(v) = HeaderValue::from_str(&s.to_string())
+    {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
+}
+
+fn text_resp(code: u16, s: String) -> Response<Body> {
+    let mut r = Response::new(Body::from(s));
+    *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// A parsed resource URL.
+struct Target {
+    res: usize,
+    ns: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+/// What the client asked to receive (the Accept header's `as=` parameter).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Plain,
+    Table(IncludeObject),
+    Metadata,
+}
+
+fn shape(headers: &HeaderMap, q: &Query) -> Shape {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    // The first acceptable media type wins, as in the real server's negotiation.
+    for part in accept.split(',') {
+        let p = part.replace(' ', "");
+        if p.contains("as=Table") && p.contains("g=meta.k8s.io") && p.contains("v=v1;")
+            || p.ends_with("as=Table;v=v1;g=meta.k8s.io")
+            || (p.contains("as=Table") && p.contains("v=v1") && !p.contains("v=v1beta1"))
+        {
+            let inc = match q.get("includeObject") {
+                Some("None") => IncludeObject::None,
+                Some("Object") => IncludeObject::Object,
+                _ => IncludeObject::Metadata,
+            };
+            return Shape::Table(inc);
+        }
+        if p.contains("as=PartialObjectMetadata") && p.contains("g=meta.k8s.io") {
+            return Shape::Metadata;
+        }
+        if p.starts_with("application/json") || p.starts_with("*/*") || p.is_empty() {
+            return Shape::Plain;
+        }
+    }
+    Shape::Plain
+}
+
+fn to_metadata(obj: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata").cloned().unwrap_or(json!({})),
+    })
+}
+
+/// Parses `/api/v1/...` and `/apis/{g}/{v}/...` into a target, kube-apiserver's RequestInfo way.
+fn parse_target(segs: &[&str]) -> Result<Option<Target>, ApiError> {
+    let (group, version, rest) = match segs {
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return Ok(None),
+    };
+    if rest.is_empty() {
+        return Ok(None);
+    }
+    let mut ns = None;
+    let mut parts: &[&str] = rest;
+    if parts[0] == "namespaces" && parts.len() > 2 && !matches!(parts[2], "status" | "finalize") {
+        ns = Some(parts[1].to_string());
+        parts = &parts[2..];
+    }
+    let Some(res) = resources::find(group, version, parts[0]) else {
+        return Err(ApiError::no_route());
+    };
+    let name = parts.get(1).map(|s| s.to_string());
+    let sub = parts.get(2).map(|s| s.to_string());
+    if parts.len() > 3 {
+        return Err(ApiError::no_route());
+    }
+    Ok(Some(Target { res, ns, name, sub }))
+}
+
+impl Shared {
+    fn authorized(&self, headers: &HeaderMap) -> bool {
+        let Some(tok) = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+        else {
+            return false;
+        };
+        self.tokens.read().contains(tok.trim())
+    }
+
+    /// Entry point for every request.
+    pub(crate) async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<Body>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path().to_string();
+        let q = Query::parse(parts.uri.query());
+        let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+
+        match segs.as_slice() {
+            ["healthz"] | ["livez"] | ["readyz"] => return text_resp(200, "ok".into()),
+            ["version"] => return json_resp(200, &crate::discovery::version()),
+            _ => {}
+        }
+        if !self.authorized(&parts.headers) {
+            return error_resp(&ApiError::unauthorized());
+        }
+        match segs.as_slice() {
+            ["metrics"] => return text_resp(200, self.metrics.render()),
+            ["api"] => {
+                return json_resp(
+                    200,
+                    &crate::discovery::api_versions(&self.server_address.read()),
+                );
+            }
+            ["apis"] => return json_resp(200, &crate::discovery::api_group_list()),
+            ["api", "v1"] => return json_resp(200, &crate::discovery::resource_list("", "v1")),
+            ["apis", g] => {
+                return match crate::discovery::api_group(g) {
+                    Some(v) => json_resp(200, &v),
+                    None => error_resp(&ApiError::no_route()),
+                };
+            }
+            ["apis", g, v] => {
+                return if resources::groups()
+                    .iter()
+                    .any(|(gg, vv)| gg == g && vv == v)
+                {
+                    json_resp(200, &crate::discovery::resource_list(g, v))
+                } else {
+                    error_resp(&ApiError::no_route())
+                };
+            }
+            _ => {}
+        }
+        let target = match parse_target(&segs) {
+            Ok(Some(t)) => t,
+            Ok(None) => return error_resp(&ApiError::no_route()),
+            Err(e) => return error_resp(&e),
+        };
+        let client = parts
+            .headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .map(|s| s.chars().take(256).collect::<String>())
+            .unwrap_or_else(|| "unknown".into());
+        let desc = &RESOURCES[target.res];
+        let verb = match (&parts.method, target.name.is_some()) {
+            (&Method::GET, false) if q.flag("watch") => Verb::Watch,
+            (&Method::GET, false) => Verb::List,
+            (&Method::GET, true) if q.flag("watch") => Verb::Watch,
+            (&Method::GET, true) => Verb::Get,
+            (&Method::POST, _) => Verb::Create,
+            (&Method::PUT, true) => Verb::Update,
+            (&Method::PATCH, true) => Verb::Patch,
+            (&Method::DELETE, true) => Verb::Delete,
+            (m, _) => {
+                let e = ApiError::method_not_supported(desc, &m.as_str().to_lowercase());
+                self.count(verb_guess(m), &target, e.code, &client);
+                return error_resp(&e);
+            }
+        };
+
+        let (latency, fate, retry_after) = {
+            let f = self.faults.read();
+            (f.latency, f.roll(verb), f.retry_after.max(1))
+        };
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let resp = match fate {
+            Some(429) => error_resp(&ApiError::too_many_requests(retry_after)),
+            Some(_) => error_resp(&ApiError::internal("injected fault")),
+            None => {
+                let body = if matches!(
+                    verb,
+                    Verb::Create | Verb::Update | Verb::Patch | Verb::Delete
+                ) {
+                    match Limited::new(body, MAX_BODY).collect().await {
+                        Ok(b) => b.to_bytes(),
+                        Err(_) => {
+                            let e = ApiError::too_large();
+                            self.count(verb, &target, e.code, &client);
+                            return error_resp(&e);
+                        }
+                    }
+                } else {
+                    Bytes::new()
+                };
+                let content_type = parts
+                    .headers
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("application/json")
+                    .to_string();
+                let shape = shape(&parts.headers, &q);
+                match self
+                    .clone()
+                    .dispatch(verb, &target, &q, body, &content_type, shape)
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(e) => error_resp(&e),
+                }
+            }
+        };
+        self.count(verb, &target, resp.status().as_u16(), &client);
+        resp
+    }
+
+    fn count(&self, verb: Verb, t: &Target, code: u16, client: &str) {
+        let d = &RESOURCES[t.res];
+        self.metrics.record(RequestKey {
+            verb,
+            group: d.group.to_string(),
+            resource: d.plural.to_string(),
+            subresource: t.sub.clone().unwrap_or_default(),
+            code,
+            client: client.to_string(),
+        });
+    }
+
+    async fn dispatch(
+        self: Arc<Self>,
+        verb: Verb,
+        t: &Target,
+        q: &Query,
+        body: Bytes,
+        content_type: &str,
+        shape: Shape,
+    ) -> Result<Response<Body>, ApiError> {
+        let desc = &RESOURCES[t.res];
+        if desc.namespaced != t.ns.is_some() {
+            // Namespaced kinds may be listed and watched across namespaces; nothing else.
+            let all_ns_read =
+                desc.namespaced && t.name.is_none() && matches!(verb, Verb::List | Verb::Watch);
+            if !all_ns_read {
+                return Err(ApiError::no_route());
+            }
+        }
+        let ns = t.ns.clone().unwrap_or_default();
+        let endpoint = match t.sub.as_deref() {
+            None => Endpoint::Main,
+            Some("status") if desc.status_subresource => Endpoint::Status,
+            Some("token") if t.res == ids::SERVICEACCOUNTS && verb == Verb::Create => {
+                let name = t.name.clone().unwrap_or_default();
+                return self.token_request(&ns, &name, &body);
+            }
+            Some(_) => return Err(ApiError::no_route()),
+        };
+        if endpoint == Endpoint::Status && !matches!(verb, Verb::Get | Verb::Update | Verb::Patch) {
+            return Err(ApiError::method_not_supported(desc, verb.as_str()));
+        }
+        let store = &self.store;
+        match verb {
+            Verb::List => self.list(t, q, shape),
+            Verb::Watch => self.clone().watch(t, q, shape),
+            Verb::Get => {
+                let name = t.name.as_deref().unwrap_or_default();
+                let obj = store.get(t.res, &ns, name)?;
+                Ok(render_one(t.res, 200, &obj, shape))
+            }
+            Verb::Create => {
+                if t.name.is_some() {
+                    return Err(ApiError::method_not_supported(desc, "create"));
+                }
+                let obj = parse_body(&body)?;
+                check_type(desc, &obj)?;
+                let out = store.create(t.res, &ns, obj)?;
+                Ok(render_one(t.res, 201, &out, shape))
+            }
+            Verb::Update => {
+                let name = t.name.as_deref().unwrap_or_default();
+                let obj = parse_body(&body)?;
+                check_type(desc, &obj)?;
+                let out = store.update(t.res, &ns, name, endpoint, &mut |_| Ok(obj.clone()))?;
+                Ok(render_one(t.res, 200, &out, shape))
+            }
+            Verb::Patch => {
+                let name = t.name.as_deref().unwrap_or_default();
+                let ty = PatchType::from_content_type(content_type)?;
+                let out = store.update(t.res, &ns, name, endpoint, &mut |cur| {
+                    patch::apply(desc, cur, ty, &body)
+                })?;
+                Ok(render_one(t.res, 200, &out, shape))
+            }
+            Verb::Delete => {
+                let name = t.name.as_deref().unwrap_or_default();
+                let pre = delete_preconditions(&body, q)?;
+                match store.delete(t.res, &ns, name, &pre)? {
+                    Deleted::Pending(obj) => Ok(render_one(t.res, 200, &obj, shape)),
+                    Deleted::Gone(obj) => {
+                        if t.res == ids::SERVICES || t.res == ids::NAMESPACES {
+                            return Ok(render_one(t.res, 200, &obj, shape));
+                        }
+                        let mut details = Map::new();
+                        details.insert("name".into(), json!(name));
+                        if !desc.group.is_empty() {
+                            details.insert("group".into(), json!(desc.group));
+                        }
+                        details.insert("kind".into(), json!(desc.plural));
+                        if let Some(uid) = obj.pointer("/metadata/uid") {
+                            details.insert("uid".into(), uid.clone());
+                        }
+                        Ok(json_resp(
+                            200,
+                            &json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                    "status": "Success", "details": details}),
+                        ))
+                    }
+                }
+            }
+        }
+    }
+
+    fn token_request(&self, ns: &str, name: &str, body: &[u8]) -> Result<Response<Body>, ApiError> {
+        self.store.get(ids::SERVICEACCOUNTS, ns, name)?;
+        let req: Value = if body.is_empty() {
+            json!({})
+        } else {
+            parse_body(body)?
+        };
+        let exp = req
+            .pointer("/spec/expirationSeconds")
+            .and_then(Value::as_i64)
+            .unwrap_or(3600);
+        if exp < 600 {
+            return Err(ApiError::bad_request(
+                "spec.expirationSeconds: Invalid value: must be at least 600 seconds",
+            ));
+        }
+        let rand_part: String = (0..32)
+            .map(|_| {
+                let c = b"abcdefghijklmnopqrstuvwxyz0123456789"[rand::random_range(0..36)];
+                c as char
+            })
+            .collect();
+        let token = format!("kube-sim.sa.{ns}.{name}.{rand_part}");
+        self.tokens.write().insert(token.clone());
+        let expires = jiff::Timestamp::now()
+            .checked_add(jiff::SignedDuration::from_secs(exp))
+            .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+            .unwrap_or_else(|_| now_rfc3339());
+        let out = json!({
+            "kind": "TokenRequest",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"name": name, "namespace": ns, "creationTimestamp": now_rfc3339()},
+            "spec": {
+                "audiences": req.pointer("/spec/audiences").cloned().unwrap_or(json!(["https://kubernetes.default.svc"])),
+                "expirationSeconds": exp,
+                "boundObjectRef": req.pointer("/spec/boundObjectRef").cloned().unwrap_or(Value::Null),
+            },
+            "status": {"token": token, "expirationTimestamp": expires},
+        });
+        Ok(json_resp(201, &out))
+    }
+
+    fn list(&self, t: &Target, q: &Query, shape: Shape) -> Result<Response<Body>, ApiError> {
+        let desc = &RESOURCES[t.res];
+        let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or_default())?;
+        let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or_default(), desc)?;
+        let limit = q
+            .get("limit")
+            .and_then(|l| l.parse::<usize>().ok())
+            .filter(|l| *l > 0)
+            .unwrap_or(usize::MAX);
+        let after = match q.get("continue").filter(|c| !c.is_empty()) {
+            Some(c) => Some(decode_continue(c)?),
+            None => None,
+        };
+        let keep = |o: &Value| labels.matches(o) && fields.matches(o);
+        let (items, next, rv, remaining) = self.store.list(
+            t.res,
+            t.ns.as_deref(),
+            after.as_ref(),
+            fields.exact_name(),
+            limit,
+            &keep,
+        );
+        let cont = next.map(|k| encode_continue(rv, &k));
+        match shape {
+            Shape::Table(inc) => {
+                let objs: Vec<&Value> = items.iter().map(|a| a.as_ref()).collect();
+                let tbl = table::table(t.res, &objs, Some(rv.to_string()), cont, inc);
+                Ok(json_bytes(
+                    200,
+                    Bytes::from(serde_json::to_vec(&tbl).unwrap_or_default()),
+                    "application/json;as=Table;v=v1;g=meta.k8s.io",
+                ))
+            }
+            _ => {
+                let (kind, api_version) = if shape == Shape::Metadata {
+                    (
+                        "PartialObjectMetadataList".to_string(),
+                        "meta.k8s.io/v1".to_string(),
+                    )
+                } else {
+                    (format!("{}List", desc.kind), desc.api_version())
+                };
+                let mut meta = Map::new();
+                meta.insert("resourceVersion".into(), json!(rv.to_string()));
+                if let Some(c) = cont {
+                    meta.insert("continue".into(), json!(c));
+                    if labels.is_empty() && fields.is_empty() {
+                        meta.insert("remainingItemCount".into(), json!(remaining));
+                    }
+                }
+                let mut buf = Vec::with_capacity(256 + items.len() * 1024);
+                buf.extend_from_slice(b"{\"kind\":");
+                let _ = serde_json::to_writer(&mut buf, &kind);
+                buf.extend_from_slice(b",\"apiVersion\":");
+                let _ = serde_json::to_writer(&mut buf, &api_version);
+                buf.extend_from_slice(b",\"metadata\":");
+                let _ = serde_json::to_writer(&mut buf, &meta);
+                buf.extend_from_slice(b",\"items\":[");
+                for (i, it) in items.iter().enumerate() {
+                    if i > 0 {
+                        buf.push(b',');
+                    }
+                    if shape == Shape::Metadata {
+                        let _ = serde_json::to_writer(&mut buf, &to_metadata(it));
+                    } else {
+                        let _ = serde_json::to_writer(&mut buf, it.as_ref());
+                    }
+                }
+                buf.extend_from_slice(b"]}");
+                Ok(json_bytes(200, Bytes::from(buf), "application/json"))
+            }
+        }
+    }
+
+    fn watch(
+        self: Arc<Self>,
+        t: &Target,
+        q: &Query,
+        shape: Shape,
+    ) -> Result<Response<Body>, ApiError> {
+        let desc = &RESOURCES[t.res];
+        let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or_default())?;
+        let mut fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or_default(), desc)?;
+        if let Some(n) = &t.name {
+            // Legacy GET /nodes/{name}?watch=true watches one object.
+            fields = FieldSelector::parse(&format!("metadata.name={n}"), desc)?;
+        }
+        let bookmarks = q.flag("allowWatchBookmarks");
+        let initial_events = q.flag("sendInitialEvents");
+        let from = match q.get("resourceVersion") {
+            _ if initial_events => None,
+            None | Some("") | Some("0") => None,
+            Some(s) => Some(s.parse::<u64>().map_err(|_| {
+                ApiError::bad_request(format!(
+                    "resourceVersion: Invalid value: {s:?}: must be a non-negative integer"
+                ))
+            })?),
+        };
+        let timeout = q
+            .get("timeoutSeconds")
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(Duration::from_secs)
+            .unwrap_or(self.default_watch_timeout);
+        let filter = Filter {
+            ns: t.ns.clone(),
+            labels,
+            fields,
+            res: t.res,
+            shape,
+        };
+        let content_type = match shape {
+            Shape::Table(_) => "application/json;as=Table;v=v1;g=meta.k8s.io",
+            _ => "application/json",
+        };
+        let (start, rx, cur_rv) = match self.store.watch(t.res, from) {
+            Ok(x) => x,
+            Err(e) if e.code == 410 => {
+                // kube-apiserver reports an expired watch start as an ERROR event in a 200.
+                let line = event_line("ERROR", &e.to_status());
+                return Ok(json_bytes(200, line, content_type));
+            }
+            Err(e) => return Err(e),
+        };
+        let (tx, body_rx) = mpsc::channel::<Result<Bytes, Infallible>>(32);
+        let disconnect = self.disconnect.subscribe();
+        let shared = self.clone();
+        tokio::spawn(async move {
+            let mut initial = Vec::new();
+            let mut last_rv = from.unwrap_or(cur_rv);
+            match start {
+                WatchStart::Snapshot(objs) => {
+                    for o in objs {
+                        if filter.matches(&o) {
+                            initial.extend_from_slice(&filter.encode("ADDED", &o));
+                        }
+                    }
+                    last_rv = cur_rv;
+                }
+                WatchStart::Replay(evs) => {
+                    for e in evs {
+                        if let Some(b) = filter.convert(&e) {
+                            initial.extend_from_slice(&b);
+                        }
+                        last_rv = last_rv.max(e.rv);
+                    }
+                }
+            }
+            if initial_events && bookmarks {
+                let bm = json!({"kind": desc.kind, "apiVersion": desc.api_version(),
+                    "metadata": {"resourceVersion": cur_rv.to_string(),
+                                 "annotations": {"k8s.io/initial-events-end": "true"}}});
+                initial.extend_from_slice(&event_line("BOOKMARK", &bm));
+            }
+            if !initial.is_empty() && tx.send(Ok(Bytes::from(initial))).await.is_err() {
+                return;
+            }
+            run_watch(
+                shared, rx, disconnect, tx, filter, timeout, bookmarks, last_rv,
+            )
+            .await;
+        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(body_rx);
+        let mut r = Response::new(Body::from_stream(stream));
+        r.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        Ok(r)
+    }
+}
+
+fn verb_guess(m: &Method) -> Verb {
+    match *m {
+        Method::POST => Verb::Create,
+        Method::PUT => Verb::Update,
+        Method::PATCH => Verb::Patch,
+        Method::DELETE => Verb::Delete,
+        _ => Verb::Get,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_watch(
+    shared: Arc<Shared>,
+    mut rx: broadcast::Receiver<Arc<WatchEvent>>,
+    mut disconnect: tokio::sync::watch::Receiver<u64>,
+    tx: mpsc::Sender<Result<Bytes, Infallible>>,
+    filter: Filter,
+    timeout: Duration,
+    bookmarks: bool,
+    mut last_rv: u64,
+) {
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let period = shared.bookmark_interval;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let desc = &RESOURCES[filter.res];
+    loop {
+        tokio::select! {
+            _ = &mut deadline => break,
+            _ = disconnect.changed() => break,
+            _ = tx.closed() => break,
+            _ = tick.tick(), if bookmarks => {
+                let rv = shared.store.bookmark_rv(&rx, last_rv);
+                last_rv = rv;
+                let bm = json!({"kind": desc.kind, "apiVersion": desc.api_version(),
+                                "metadata": {"resourceVersion": rv.to_string()}});
+                if tx.send(Ok(event_line("BOOKMARK", &bm))).await.is_err() {
+                    break;
+                }
+            }
+            r = rx.recv() => {
+                let ev = match r {
+                    Ok(ev) => ev,
+                    // A watcher that fell behind is dropped, as kube-apiserver drops slow
+                    // watchers; the client re-watches from its last resourceVersion.
+                    Err(_) => break,
+                };
+                let mut chunk: Option<Vec<u8>> = None;
+                let mut single: Option<Bytes> = None;
+                let mut push = |b: Bytes| {
+                    match (&mut chunk, single.take()) {
+                        (Some(c), _) => c.extend_from_slice(&b),
+                        (None, Some(prev)) => {
+                            let mut c = Vec::with_capacity(prev.len() + b.len());
+                            c.extend_from_slice(&prev);
+                            c.extend_from_slice(&b);
+                            chunk = Some(c);
+                        }
+                        (None, None) => single = Some(b),
+                    }
+                };
+                last_rv = last_rv.max(ev.rv);
+                if let Some(b) = filter.convert(&ev) {
+                    push(b);
+                }
+                let mut lagged = false;
+                for _ in 0..256 {
+                    match rx.try_recv() {
+                        Ok(ev) => {
+                            last_rv = last_rv.max(ev.rv);
+                            if let Some(b) = filter.convert(&ev) {
+                                push(b);
+                            }
+                        }
+                        Err(broadcast::error::TryRecvError::Empty) => break,
+                        Err(_) => {
+                            lagged = true;
+                            break;
+                        }
+                    }
+                }
+                let out = chunk.map(Bytes::from).or(single);
+                if let Some(b) = out
+                    && tx.send(Ok(b)).await.is_err()
+                {
+                    break;
+                }
+                if lagged {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Per-watch filtering and encoding.
+struct Filter {
+    ns: Option<String>,
+    labels: LabelSelector,
+    fields: FieldSelector,
+    res: usize,
+    shape: Shape,
+}
+
+impl Filter {
+    fn matches(&self, o: &Value) -> bool {
+        if let Some(ns) = &self.ns
+            && o.pointer("/metadata/namespace").and_then(Value::as_str) != Some(ns.as_str())
+        {
+            return false;
+        }
+        self.labels.matches(o) && self.fields.matches(o)
+    }
+
+    fn encode(&self, ty: &str, o: &Value) -> Bytes {
+        match self.shape {
+            Shape::Plain => event_line(ty, o),
+            Shape::Metadata => event_line(ty, &to_metadata(o)),
+            Shape::Table(inc) => event_line(ty, &table::table(self.res, &[o], None, None, inc)),
+        }
+    }
+
+    /// The event as this watcher sees it: objects entering the selector are ADDED, leaving it
+    /// DELETED (with the previous content and the new resourceVersion), as the watch cache does.
+    fn convert(&self, ev: &WatchEvent) -> Option<Bytes> {
+        let cur = self.matches(&ev.obj);
+        match ev.ty {
+            EventType::Added | EventType::Deleted => cur.then(|| self.shared(ev)),
+            EventType::Modified => {
+                let prev = ev.prev.as_ref().is_some_and(|p| self.matches(p));
+                match (prev, cur) {
+                    (true, true) => Some(self.shared(ev)),
+                    (false, true) => Some(self.encode("ADDED", &ev.obj)),
+                    (true, false) => {
+                        let mut p = ev.prev.as_deref().cloned().unwrap_or(Value::Null);
+                        if let Some(m) = p.get_mut("metadata").and_then(Value::as_object_mut) {
+                            m.insert("resourceVersion".into(), json!(ev.rv.to_string()));
+                        }
+                        Some(self.encode("DELETED", &p))
+                    }
+                    (false, false) => None,
+                }
+            }
+        }
+    }
+
+    fn shared(&self, ev: &WatchEvent) -> Bytes {
+        if self.shape == Shape::Plain {
+            ev.line()
+        } else {
+            self.encode(ev.ty.as_str(), &ev.obj)
+        }
+    }
+}
+
+fn render_one(res: usize, code: u16, obj: &Value, shape: Shape) -> Response<Body> {
+    match shape {
+        Shape::Plain => json_bytes(
+            code,
+            Bytes::from(serde_json::to_vec(obj).unwrap_or_default()),
+            "application/json",
+        ),
+        Shape::Metadata => json_resp(code, &to_metadata(obj)),
+        Shape::Table(inc) => {
+            let rv = obj
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .map(String::from);
+            json_bytes(
+                code,
+                Bytes::from(
+                    serde_json::to_vec(&table::table(res, &[obj], rv, None, inc))
+                        .unwrap_or_default(),
+                ),
+                "application/json;as=Table;v=v1;g=meta.k8s.io",
+            )
+        }
+    }
+}
+
+fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice::<Value>(body)
+        .map_err(|e| ApiError::bad_request(format!("the object provided is unrecognized: {e}")))
+        .and_then(|v| {
+            if v.is_object() {
+                Ok(v)
+            } else {
+                Err(ApiError::bad_request(
+                    "the object provided is unrecognized: not a JSON object",
+                ))
+            }
+        })
+}
+
+fn check_type(desc: &ResourceDesc, obj: &Value) -> Result<(), ApiError> {
+    if let Some(av) = obj.get("apiVersion").and_then(Value::as_str)
+        && !av.is_empty()
+        && av != desc.api_version()
+    {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({av}) does not match the expected API version ({})",
+            desc.api_version()
+        )));
+    }
+    if let Some(k) = obj.get("kind").and_then(Value::as_str)
+        && !k.is_empty()
+        && k != desc.kind
+    {
+        return Err(ApiError::bad_request(format!(
+            "the kind in the data ({k}) does not match the expected kind ({})",
+            desc.kind
+        )));
+    }
+    Ok(())
+}
+
+fn delete_preconditions(body: &[u8], q: &Query) -> Result<Preconditions, ApiError> {
+    let mut pre = Preconditions::default();
+    if !body.is_empty() {
+        let v: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
+        pre.uid = v
+            .pointer("/preconditions/uid")
+            .and_then(Value::as_str)
+            .map(String::from);
+        pre.resource_version = v
+            .pointer("/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+            .map(String::from);
+    }
+    if let Some(u) = q.get("preconditions.uid") {
+        pre.uid = Some(u.to_string());
+    }
+    if let Some(r) = q.get("preconditions.resourceVersion") {
+        pre.resource_version = Some(r.to_string());
+    }
+    Ok(pre)
+}
+
+fn encode_continue(rv: u64, k: &Key) -> String {
+    let start = if k.0.is_empty() {
+        format!("{}\u{0}", k.1)
+    } else {
+        format!("{}/{}\u{0}", k.0, k.1)
+    };
+    let tok = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": start});
+    base64::engine::general_purpose::URL_SAFE.encode(tok.to_string())
+}
+
+fn decode_continue(c: &str) -> Result<Key, ApiError> {
+    let bad = || {
+        ApiError::bad_request(
+            "continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)",
+        )
+    };
+    let raw = base64::engine::general_purpose::URL_SAFE
+        .decode(c)
+        .or_else(|_| base64::engine::general_purpose::STANDARD.decode(c))
+        .map_err(|_| bad())?;
+    let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    let start = v.get("start").and_then(Value::as_str).ok_or_else(bad)?;
+    let start = start.trim_end_matches('\u{0}');
+    Ok(match start.split_once('/') {
+        Some((ns, n)) => (ns.to_string(), n.to_string()),
+        None => (String::new(), start.to_string()),
+    })
+}
