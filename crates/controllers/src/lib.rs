@@ -11,10 +11,11 @@
 pub mod context;
 pub mod events;
 pub mod informer;
-pub mod nodeutil;
-pub mod queue;
-pub mod service;
 pub mod node;
 pub mod node_lifecycle;
+pub mod nodeutil;
+pub mod queue;
+pub mod route;
+pub mod service;
 
 pub use context::{Shared, StartError};

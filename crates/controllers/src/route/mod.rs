@@ -1,0 +1,950 @@
+//! The route controller (`node-route-controller`, alias `route`): one cloud route per node pod
+//! CIDR, and the node's `NetworkUnavailable` condition.
+//!
+//! Every sync is a full reconcile — one `ListRoutes`, the [`planner`]'s creates and deletes
+//! (at most [`RouteConfig::max_concurrent_route_ops`] in flight), then condition patches only
+//! where they change something. What differs is *when* a sync runs ([`RouteMode`]):
+//! - [`RouteMode::Interval`] (upstream's default): every `--route-reconciliation-period`,
+//!   non-sliding, whether or not anything changed (`trigger="periodic"`);
+//! - [`RouteMode::Watch`] (upstream's `CloudControllerManagerWatchBasedRoutesReconciliation`
+//!   gate; **on by default in ccm-rs**): when a node is added or deleted or its pod CIDRs or
+//!   addresses change (`node_change`), coalesced into one pending sync — a lone change syncs at
+//!   once, a storm at most once per [`RouteConfig::min_sync_interval`]; a failed sync is
+//!   retried with backoff (`retry`), which upstream's watch mode forgets to do; and a safety
+//!   resync (`resync`) repairs drift made in the cloud behind the controller's back.
+//!
+//! `route_controller_route_sync_total{trigger,outcome}` counts syncs, so the difference between
+//! the modes is visible on a dashboard: an idle cluster in watch mode shows a flat line.
+
+pub mod planner;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ccm_cloud::{CloudError, Routes};
+use futures::StreamExt;
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{Api, Patch, PatchParams};
+use parking_lot::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::{Shared, StartError};
+use crate::events::{EventType, Recorder};
+use crate::informer::Change;
+use crate::nodeutil::pod_cidrs;
+use crate::queue::{Backoff, WorkQueue};
+use planner::{NETWORK_UNAVAILABLE, NodeView, RouteCreate, RoutePlan};
+
+/// Upstream's event source (`source.component`) for route events.
+pub const EVENT_SOURCE: &str = "route_controller";
+/// Upstream's event reason when a route cannot be created.
+pub const REASON_FAILED_TO_CREATE_ROUTE: &str = "FailedToCreateRoute";
+/// The feature gate that selects [`RouteMode::Watch`] (same name as upstream).
+pub const WATCH_GATE: &str = "CloudControllerManagerWatchBasedRoutesReconciliation";
+/// Workqueue name of watch mode, as upstream (`workqueue_*{name="Routes"}`; the KEP's SLI is
+/// `workqueue_work_duration_seconds_count{name="Routes"}`).
+pub const QUEUE_NAME: &str = "Routes";
+/// How many condition patches are in flight at once (API server writes, not cloud calls).
+const CONDITION_PATCH_CONCURRENCY: usize = 16;
+/// The single key of the watch-mode queue: every sync is a full reconcile.
+const KEY: &str = "routes";
+
+/// When syncs run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteMode {
+    /// Full reconcile every [`RouteConfig::reconciliation_period`] (gate off; upstream default).
+    Interval,
+    /// Reconcile on node changes, failures and a safety resync (gate on; ccm-rs default).
+    Watch,
+}
+
+/// Route controller settings, from flags.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    /// `--cluster-cidr`: one CIDR or a v4+v6 pair. Only routes whose first or last IP lies in
+    /// one of these are ever deleted. Required (see [`parse_cluster_cidrs`]); no default.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// `--configure-cloud-routes` (default `true`): `false` skips the controller.
+    pub configure_cloud_routes: bool,
+    /// Interval or watch mode: `--feature-gates=CloudControllerManagerWatchBasedRoutesReconciliation=…`.
+    /// Default [`RouteMode::Watch`] (upstream: alpha, off).
+    pub mode: RouteMode,
+    /// `--route-reconciliation-period` (default 10s): the period of interval mode; unused in
+    /// watch mode, as upstream.
+    pub reconciliation_period: Duration,
+    /// Watch mode's storm limiter (default 10s, upstream's token-bucket rate): at most one sync
+    /// starts per interval. It never delays a lone change: the gate counts from the previous
+    /// sync's start.
+    pub min_sync_interval: Duration,
+    /// Watch mode's safety resync (default 30 min): a full reconcile after this long without
+    /// one, to repair routes changed in the cloud by someone else. Upstream relies on the node
+    /// informer's 12–24 h resync.
+    pub resync_period: Duration,
+    /// Cloud create/delete calls in flight at once per sync (default 200, upstream's constant).
+    pub max_concurrent_route_ops: usize,
+    /// Watch mode: delay before re-running a failed sync, doubling per consecutive failure
+    /// (default 10s → 5 min). Upstream's watch mode never retries failed route operations.
+    pub retry_backoff: Backoff,
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        RouteConfig {
+            cluster_cidrs: Vec::new(),
+            configure_cloud_routes: true,
+            mode: RouteMode::Watch,
+            reconciliation_period: Duration::from_secs(10),
+            min_sync_interval: Duration::from_secs(10),
+            resync_period: Duration::from_secs(30 * 60),
+            max_concurrent_route_ops: 200,
+            retry_backoff: Backoff {
+                base: Duration::from_secs(10),
+                max: Duration::from_secs(300),
+            },
+        }
+    }
+}
+
+/// A `--cluster-cidr` value that cannot be used; the message names the flag and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterCidrError {
+    /// No CIDR given while routes are configured.
+    #[error(
+        "--cluster-cidr: required when --configure-cloud-routes=true (the default); give the pod network CIDR (e.g. 10.244.0.0/16, or a dual-stack pair 10.244.0.0/16,fd00:10:244::/56), or set --configure-cloud-routes=false"
+    )]
+    Missing,
+    /// An entry does not parse.
+    #[error("--cluster-cidr: {value:?} is not a CIDR (expected e.g. 10.244.0.0/16): {reason}")]
+    Unparsable {
+        /// The offending entry.
+        value: String,
+        /// The parser's complaint.
+        reason: String,
+    },
+    /// Two CIDRs of one family, or more than two.
+    #[error(
+        "--cluster-cidr: {0}; give one CIDR, or one IPv4 and one IPv6 CIDR separated by a comma"
+    )]
+    NotDualStack(String),
+}
+
+/// Parses `--cluster-cidr` as upstream: comma-separated, trimmed; one CIDR, or a pair with one
+/// IPv4 and one IPv6 CIDR.
+pub fn parse_cluster_cidrs(value: &str) -> Result<Vec<IpNet>, ClusterCidrError> {
+    let parts: Vec<&str> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    let nets = parts
+        .iter()
+        .map(|p| {
+            p.parse::<IpNet>()
+                .map_err(|e| ClusterCidrError::Unparsable {
+                    value: (*p).to_string(),
+                    reason: e.to_string(),
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    validate_cluster_cidrs(&nets)?;
+    Ok(nets)
+}
+
+/// Checks an already-parsed CIDR list (what [`RouteConfig::cluster_cidrs`] holds).
+pub fn validate_cluster_cidrs(nets: &[IpNet]) -> Result<(), ClusterCidrError> {
+    match nets {
+        [] => Err(ClusterCidrError::Missing),
+        [_] => Ok(()),
+        [a, b] if a.addr().is_ipv4() != b.addr().is_ipv4() => Ok(()),
+        [a, b] => Err(ClusterCidrError::NotDualStack(format!(
+            "{a} and {b} are of the same IP family"
+        ))),
+        more => Err(ClusterCidrError::NotDualStack(format!(
+            "{} CIDRs given, at most 2 are allowed",
+            more.len()
+        ))),
+    }
+}
+
+/// Why a sync ran: the `trigger` label of `route_controller_route_sync_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SyncTrigger {
+    /// Interval mode's tick.
+    Periodic,
+    /// Watch mode: a node was added or deleted, or its pod CIDRs or addresses changed.
+    NodeChange,
+    /// Watch mode: re-running a sync that failed.
+    Retry,
+    /// Watch mode: the startup sync and the safety resync.
+    Resync,
+}
+
+impl SyncTrigger {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SyncTrigger::Periodic => "periodic",
+            SyncTrigger::NodeChange => "node_change",
+            SyncTrigger::Retry => "retry",
+            SyncTrigger::Resync => "resync",
+        }
+    }
+}
+
+/// How a sync ended: the `outcome` label of `route_controller_route_sync_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SyncOutcome {
+    /// Routes were created or deleted, or a condition written, and nothing failed.
+    Changed,
+    /// Nothing needed doing: the steady state.
+    Noop,
+    /// Listing routes failed, or a route operation or condition write failed.
+    Error,
+}
+
+impl SyncOutcome {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SyncOutcome::Changed => "changed",
+            SyncOutcome::Noop => "noop",
+            SyncOutcome::Error => "error",
+        }
+    }
+}
+
+/// Sync counts by trigger and outcome: the same numbers as
+/// `route_controller_route_sync_total`, readable by tests and `ccm demo`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncCounts(pub BTreeMap<(SyncTrigger, SyncOutcome), u64>);
+
+impl SyncCounts {
+    /// All syncs (upstream's unlabeled counter).
+    pub fn total(&self) -> u64 {
+        self.0.values().sum()
+    }
+
+    /// Syncs with this trigger and outcome.
+    pub fn get(&self, trigger: SyncTrigger, outcome: SyncOutcome) -> u64 {
+        self.0.get(&(trigger, outcome)).copied().unwrap_or(0)
+    }
+
+    /// Syncs with this trigger, whatever the outcome.
+    pub fn by_trigger(&self, trigger: SyncTrigger) -> u64 {
+        self.0
+            .iter()
+            .filter(|((t, _), _)| *t == trigger)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Syncs with this outcome, whatever the trigger.
+    pub fn by_outcome(&self, outcome: SyncOutcome) -> u64 {
+        self.0
+            .iter()
+            .filter(|((_, o), _)| *o == outcome)
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SyncLabels {
+    trigger: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabels {
+    op: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TriggerLabels {
+    trigger: &'static str,
+}
+
+/// The controller's metrics.
+#[derive(Clone)]
+struct Metrics {
+    syncs: Family<SyncLabels, Counter>,
+    ops: Family<OpLabels, Counter>,
+    duration: Family<TriggerLabels, Histogram>,
+    managed: Gauge,
+}
+
+impl Metrics {
+    fn new(registry: &mut Registry) -> Self {
+        let m = Metrics {
+            syncs: Family::default(),
+            ops: Family::default(),
+            duration: Family::new_with_constructor(|| {
+                // 1 ms … ~16 s: a sync is one list plus concurrent mutations.
+                Histogram::new(exponential_buckets(0.001, 2.0, 15))
+            }),
+            managed: Gauge::default(),
+        };
+        registry.register(
+            "route_controller_route_sync",
+            "Route syncs by what triggered them and how they ended; the sum over labels is upstream's route_controller_route_sync_total",
+            m.syncs.clone(),
+        );
+        registry.register(
+            "route_controller_route_operations",
+            "Cloud route create and delete calls by result",
+            m.ops.clone(),
+        );
+        registry.register(
+            "route_controller_route_sync_duration_seconds",
+            "Duration of one route sync: list, mutations and condition writes",
+            m.duration.clone(),
+        );
+        registry.register(
+            "route_controller_managed_routes",
+            "Routes inside the cluster CIDRs after the last sync",
+            m.managed.clone(),
+        );
+        m
+    }
+}
+
+struct HandleInner {
+    counts: Mutex<BTreeMap<(SyncTrigger, SyncOutcome), u64>>,
+    routed: Mutex<Option<BTreeSet<String>>>,
+    running: AtomicUsize,
+    queue: Option<WorkQueue<&'static str>>,
+}
+
+/// A cheap, cloneable view of the controller for tests, `ccm demo` and the node controller.
+#[derive(Clone)]
+pub struct RouteHandle {
+    inner: Arc<HandleInner>,
+}
+
+impl RouteHandle {
+    /// Sync counts so far, by trigger and outcome.
+    pub fn syncs(&self) -> SyncCounts {
+        SyncCounts(self.inner.counts.lock().clone())
+    }
+
+    /// Work not yet done: a sync running, pending, or a retry scheduled. Zero means idle (a
+    /// change the node cache has not delivered yet is not counted).
+    pub fn pending(&self) -> usize {
+        let queued = self.inner.queue.as_ref().map(|q| q.pending()).unwrap_or(0);
+        queued + self.inner.running.load(Ordering::SeqCst)
+    }
+
+    /// Nodes whose every pod CIDR had its route at the end of the last sync; `None` before the
+    /// first sync.
+    pub fn routed_nodes(&self) -> Option<BTreeSet<String>> {
+        self.inner.routed.lock().clone()
+    }
+
+    /// Whether `node` had all its routes at the end of the last sync.
+    pub fn has_routes(&self, node: &str) -> bool {
+        self.inner
+            .routed
+            .lock()
+            .as_ref()
+            .is_some_and(|s| s.contains(node))
+    }
+}
+
+/// Which sync reasons are pending in watch mode (the queue holds one key; this says why).
+#[derive(Debug, Default)]
+struct Reasons {
+    node_change: bool,
+    retry: bool,
+    resync: bool,
+}
+
+impl Reasons {
+    /// The trigger to report for a sync that covers all pending reasons, clearing them.
+    fn take(&mut self) -> Option<SyncTrigger> {
+        let t = if self.node_change {
+            SyncTrigger::NodeChange
+        } else if self.retry {
+            SyncTrigger::Retry
+        } else if self.resync {
+            SyncTrigger::Resync
+        } else {
+            return None;
+        };
+        *self = Reasons::default();
+        Some(t)
+    }
+}
+
+/// One cloud route call of a sync.
+enum Op<'a> {
+    Delete(&'a ccm_cloud::Route),
+    Create(&'a RouteCreate),
+}
+
+/// How one cloud route call ended; a failed create carries its (node, CIDR).
+enum OpResult {
+    Created,
+    CreateFailed((String, String)),
+    Deleted,
+    DeleteFailed,
+}
+
+/// The route controller (see the module docs).
+pub struct RouteController {
+    shared: Shared,
+    routes: Arc<dyn Routes>,
+    nodes_api: Api<Node>,
+    config: RouteConfig,
+    recorder: Recorder,
+    metrics: Metrics,
+    handle: RouteHandle,
+    queue_shutdown: CancellationToken,
+}
+
+/// What executing one plan did.
+#[derive(Debug, Default)]
+struct Executed {
+    changed: bool,
+    errors: usize,
+}
+
+impl RouteController {
+    /// Builds the controller. `Skipped` when `--configure-cloud-routes=false` or the provider
+    /// has no routes (upstream logs and skips); `Invalid` when `--cluster-cidr` is missing or
+    /// not one CIDR / a dual-stack pair (upstream exits with a fatal log), or a period is zero.
+    pub fn new(
+        shared: Shared,
+        client: kube::Client,
+        config: RouteConfig,
+        registry: &mut Registry,
+    ) -> Result<Self, StartError> {
+        if !config.configure_cloud_routes {
+            return Err(StartError::Skipped(
+                "route controller not started: --configure-cloud-routes=false".into(),
+            ));
+        }
+        let Some(routes) = shared.provider.routes() else {
+            return Err(StartError::Skipped(format!(
+                "route controller not started: cloud provider {:?} does not support routes",
+                shared.provider.provider_name()
+            )));
+        };
+        validate_cluster_cidrs(&config.cluster_cidrs)
+            .map_err(|e| StartError::Invalid(e.to_string()))?;
+        if config.max_concurrent_route_ops == 0 {
+            return Err(StartError::Invalid(
+                "max concurrent route operations: must be at least 1".into(),
+            ));
+        }
+        match config.mode {
+            RouteMode::Interval if config.reconciliation_period.is_zero() => {
+                return Err(StartError::Invalid(
+                    "--route-reconciliation-period: must be greater than 0 (default 10s)".into(),
+                ));
+            }
+            RouteMode::Watch if config.resync_period.is_zero() => {
+                return Err(StartError::Invalid(
+                    "--route-resync-period: must be greater than 0 (default 30m)".into(),
+                ));
+            }
+            _ => {}
+        }
+        let queue_shutdown = CancellationToken::new();
+        let queue = (config.mode == RouteMode::Watch).then(|| {
+            WorkQueue::new(
+                QUEUE_NAME,
+                config.retry_backoff,
+                shared.queue_metrics.clone(),
+                queue_shutdown.clone(),
+            )
+        });
+        let handle = RouteHandle {
+            inner: Arc::new(HandleInner {
+                counts: Mutex::default(),
+                routed: Mutex::default(),
+                running: AtomicUsize::new(0),
+                queue,
+            }),
+        };
+        Ok(RouteController {
+            routes,
+            nodes_api: Api::all(client.clone()),
+            recorder: Recorder::new(client, EVENT_SOURCE),
+            metrics: Metrics::new(registry),
+            shared,
+            config,
+            handle,
+            queue_shutdown,
+        })
+    }
+
+    /// A probe for tests and `ccm demo`: sync counts, idleness, routed nodes.
+    pub fn handle(&self) -> RouteHandle {
+        self.handle.clone()
+    }
+
+    /// Runs until `shutdown`: waits for the node cache, then syncs per [`RouteConfig::mode`].
+    pub async fn run(self, shutdown: CancellationToken) {
+        let _stop_queue = self.queue_shutdown.clone().drop_guard();
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = self.shared.nodes.wait_ready() => {}
+        }
+        tracing::info!(
+            mode = ?self.config.mode,
+            cluster_cidrs = ?self.config.cluster_cidrs,
+            "starting route controller"
+        );
+        match self.config.mode {
+            RouteMode::Interval => self.run_interval(shutdown).await,
+            RouteMode::Watch => self.run_watch(shutdown).await,
+        }
+    }
+
+    /// Upstream's `wait.NonSlidingUntil(reconcile, period)`: the period counts from each start.
+    async fn run_interval(&self, shutdown: CancellationToken) {
+        loop {
+            let start = Instant::now();
+            self.sync(SyncTrigger::Periodic).await;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep_until(start + self.config.reconciliation_period) => {}
+            }
+        }
+    }
+
+    async fn run_watch(&self, shutdown: CancellationToken) {
+        let Some(queue) = self.handle.inner.queue.clone() else {
+            return;
+        };
+        let reasons = Arc::new(Mutex::new(Reasons::default()));
+        // Subscribe after the cache is ready; the snapshot of existing nodes that `subscribe`
+        // replays is covered by the startup sync, so drop it.
+        let mut changes = self.shared.nodes.subscribe();
+        while changes.try_recv().is_ok() {}
+        reasons.lock().resync = true;
+        queue.add(KEY);
+
+        let watcher = {
+            let (queue, reasons, shutdown) = (queue.clone(), reasons.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                loop {
+                    let change = tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        c = changes.recv() => match c { Some(c) => c, None => return },
+                    };
+                    if needs_sync(&change) {
+                        reasons.lock().node_change = true;
+                        queue.add(KEY);
+                    }
+                }
+            })
+        };
+
+        let mut last_start: Option<Instant> = None;
+        let mut last_end = Instant::now();
+        loop {
+            let resync_due = last_end + self.config.resync_period;
+            let key = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                k = queue.get() => match k { Some(k) => k, None => break },
+                _ = tokio::time::sleep_until(resync_due) => {
+                    reasons.lock().resync = true;
+                    queue.add(KEY);
+                    last_end = Instant::now();
+                    continue;
+                }
+            };
+            // Storm limiter: at most one sync start per min_sync_interval. Changes arriving
+            // meanwhile mark the (processing) key dirty and fold into the next sync.
+            if let Some(started) = last_start {
+                let gate = started + self.config.min_sync_interval;
+                if Instant::now() < gate {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => { queue.done(&key); break }
+                        _ = tokio::time::sleep_until(gate) => {}
+                    }
+                }
+            }
+            // Taken right before the sync (upstream's Forget-before-process): a change that
+            // arrives during the sync sets its reason again and queues another sync.
+            let Some(trigger) = reasons.lock().take() else {
+                // A stale retry: a later sync already succeeded.
+                queue.done(&key);
+                continue;
+            };
+            last_start = Some(Instant::now());
+            let outcome = self.sync(trigger).await;
+            last_end = Instant::now();
+            if outcome == SyncOutcome::Error {
+                reasons.lock().retry = true;
+                let delay = queue.add_rate_limited(KEY);
+                tracing::info!(?delay, "route sync failed; retrying with backoff");
+            } else {
+                queue.forget(&KEY);
+            }
+            queue.done(&key);
+        }
+        watcher.abort();
+    }
+
+    /// One full reconcile, counted and timed.
+    async fn sync(&self, trigger: SyncTrigger) -> SyncOutcome {
+        self.handle.inner.running.fetch_add(1, Ordering::SeqCst);
+        let started = Instant::now();
+        let outcome = match self.reconcile().await {
+            Ok(Executed { errors: 0, changed }) => {
+                if changed {
+                    SyncOutcome::Changed
+                } else {
+                    SyncOutcome::Noop
+                }
+            }
+            Ok(Executed { errors, .. }) => {
+                tracing::warn!(errors, "route sync finished with failed operations");
+                SyncOutcome::Error
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "route sync failed: could not list routes");
+                SyncOutcome::Error
+            }
+        };
+        let elapsed = started.elapsed();
+        self.metrics
+            .duration
+            .get_or_create(&TriggerLabels {
+                trigger: trigger.as_str(),
+            })
+            .observe(elapsed.as_secs_f64());
+        self.metrics
+            .syncs
+            .get_or_create(&SyncLabels {
+                trigger: trigger.as_str(),
+                outcome: outcome.as_str(),
+            })
+            .inc();
+        *self
+            .handle
+            .inner
+            .counts
+            .lock()
+            .entry((trigger, outcome))
+            .or_default() += 1;
+        tracing::debug!(
+            trigger = trigger.as_str(),
+            outcome = outcome.as_str(),
+            ?elapsed,
+            "route sync"
+        );
+        self.handle.inner.running.fetch_sub(1, Ordering::SeqCst);
+        outcome
+    }
+
+    /// List, plan, execute: upstream's `reconcileNodeRoutes`.
+    async fn reconcile(&self) -> Result<Executed, CloudError> {
+        let cluster = self.shared.cluster_name.as_str();
+        let routes = self.routes.list_routes(cluster).await?;
+        let nodes: Vec<NodeView> = self
+            .shared
+            .nodes
+            .list()
+            .iter()
+            .map(|n| NodeView::from_node(n))
+            .collect();
+        let cidrs = &self.config.cluster_cidrs;
+        let plan = planner::plan(&nodes, &routes, cidrs);
+        let mut done = Executed::default();
+        let mut managed = routes
+            .iter()
+            .filter(|r| planner::is_responsible(r, cidrs))
+            .count() as i64;
+        if plan.is_empty() {
+            self.metrics.managed.set(managed);
+            *self.handle.inner.routed.lock() = Some(plan.routed_nodes(&HashSet::new()));
+            return Ok(done);
+        }
+        tracing::info!(
+            creates = plan.creates.len(),
+            deletes = plan.deletes.len(),
+            conditions = plan.conditions.len(),
+            "reconciling routes"
+        );
+
+        let failed = self.execute_routes(&plan, &mut done, &mut managed).await;
+        self.metrics.managed.set(managed);
+        *self.handle.inner.routed.lock() = Some(plan.routed_nodes(&failed));
+
+        let writes = plan.conditions_after(&failed);
+        let results: Vec<bool> = futures::stream::iter(writes)
+            .map(|u| self.write_condition(u))
+            .buffer_unordered(CONDITION_PATCH_CONCURRENCY)
+            .collect()
+            .await;
+        for ok in results {
+            if ok {
+                done.changed = true;
+            } else {
+                done.errors += 1;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Runs the plan's deletes and creates, at most `max_concurrent_route_ops` at once; returns
+    /// the creates that failed, by (node, CIDR).
+    async fn execute_routes(
+        &self,
+        plan: &RoutePlan,
+        done: &mut Executed,
+        managed: &mut i64,
+    ) -> HashSet<(String, String)> {
+        let deletes = plan.deletes.iter().map(Op::Delete);
+        let creates = plan.creates.iter().map(Op::Create);
+        let phases: Vec<Vec<Op<'_>>> = if plan.deletes_before_creates {
+            vec![deletes.collect(), creates.collect()]
+        } else {
+            vec![deletes.chain(creates).collect()]
+        };
+        let mut failed = HashSet::new();
+        for phase in phases {
+            let results: Vec<OpResult> = futures::stream::iter(phase)
+                .map(|op| self.execute_op(op))
+                .buffer_unordered(self.config.max_concurrent_route_ops)
+                .collect()
+                .await;
+            for res in results {
+                let (op, result) = match &res {
+                    OpResult::Created => ("create", "success"),
+                    OpResult::CreateFailed(_) => ("create", "error"),
+                    OpResult::Deleted => ("delete", "success"),
+                    OpResult::DeleteFailed => ("delete", "error"),
+                };
+                self.metrics
+                    .ops
+                    .get_or_create(&OpLabels { op, result })
+                    .inc();
+                match res {
+                    OpResult::Created => {
+                        done.changed = true;
+                        *managed += 1;
+                    }
+                    OpResult::Deleted => {
+                        done.changed = true;
+                        *managed -= 1;
+                    }
+                    OpResult::CreateFailed(key) => {
+                        done.errors += 1;
+                        failed.insert(key);
+                    }
+                    OpResult::DeleteFailed => done.errors += 1,
+                }
+            }
+        }
+        *managed = (*managed).max(0);
+        failed
+    }
+
+    /// One cloud call, logged (and a `FailedToCreateRoute` event for a failed create).
+    async fn execute_op(&self, op: Op<'_>) -> OpResult {
+        let cluster = self.shared.cluster_name.as_str();
+        let start = Instant::now();
+        match op {
+            Op::Delete(r) => match self.routes.delete_route(cluster, r).await {
+                Ok(()) => {
+                    tracing::info!(route = %r.name, cidr = %r.destination_cidr, "deleted route");
+                    OpResult::Deleted
+                }
+                Err(e) => {
+                    tracing::warn!(route = %r.name, cidr = %r.destination_cidr, error = %e,
+                        elapsed = ?start.elapsed(), "could not delete route");
+                    OpResult::DeleteFailed
+                }
+            },
+            Op::Create(c) => match self
+                .routes
+                .create_route(cluster, &c.name_hint, &c.route)
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(node = %c.route.target_node, cidr = %c.route.destination_cidr,
+                        hint = %c.name_hint, "created route");
+                    OpResult::Created
+                }
+                Err(e) => {
+                    self.create_failed(c, start.elapsed(), &e);
+                    OpResult::CreateFailed((
+                        c.route.target_node.clone(),
+                        c.route.destination_cidr.clone(),
+                    ))
+                }
+            },
+        }
+    }
+
+    /// Upstream's `FailedToCreateRoute` Warning event on the Node.
+    fn create_failed(&self, c: &RouteCreate, elapsed: Duration, err: &CloudError) {
+        let node_name = &c.route.target_node;
+        let msg = format!(
+            "Could not create route {} {} for node {} after {:?}: {}",
+            c.name_hint, c.route.destination_cidr, node_name, elapsed, err
+        );
+        let node = self.shared.nodes.get(node_name).unwrap_or_else(|| {
+            Arc::new(Node {
+                metadata: ObjectMeta {
+                    name: Some(node_name.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+        });
+        self.recorder.publish(
+            &*node,
+            EventType::Warning,
+            REASON_FAILED_TO_CREATE_ROUTE,
+            msg,
+        );
+    }
+
+    /// Writes one `NetworkUnavailable` condition with a strategic-merge status patch (merged
+    /// by condition type, so other conditions are untouched). A node deleted meanwhile is not
+    /// an error. Returns false on failure.
+    async fn write_condition(&self, u: planner::ConditionUpdate) -> bool {
+        let now = Time(jiff::Timestamp::now());
+        let cond = NodeCondition {
+            type_: NETWORK_UNAVAILABLE.to_string(),
+            status: u.condition.status().to_string(),
+            reason: Some(u.condition.reason().to_string()),
+            message: Some(u.condition.message().to_string()),
+            last_heartbeat_time: Some(now.clone()),
+            last_transition_time: Some(now),
+        };
+        let patch = serde_json::json!({ "status": { "conditions": [cond] } });
+        match self
+            .nodes_api
+            .patch_status(&u.node, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(node = %u.node, status = u.condition.status(), reason = u.condition.reason(), "set NetworkUnavailable");
+                true
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                tracing::debug!(node = %u.node, "node gone before its condition was written");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(node = %u.node, error = %e, "could not write NetworkUnavailable condition");
+                false
+            }
+        }
+    }
+}
+
+/// Upstream's watch-mode node filter: adds and deletes always; updates when `spec.podCIDRs` or
+/// `status.addresses` changed (addresses matter to providers that track them; syncing on every
+/// address change is simpler than asking and costs one noop sync when they do not).
+fn needs_sync(change: &Change<Node>) -> bool {
+    match (&change.old, &change.new) {
+        (Some(old), Some(new)) => {
+            let addrs = |n: &Node| n.status.as_ref().and_then(|s| s.addresses.clone());
+            pod_cidrs(old) != pod_cidrs(new)
+                || addrs(old) != addrs(new)
+                || old.metadata.uid != new.metadata.uid
+        }
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_cidr_parsing() {
+        assert_eq!(
+            parse_cluster_cidrs(" 10.244.0.0/16 ").expect("one").len(),
+            1
+        );
+        assert_eq!(
+            parse_cluster_cidrs("10.244.0.0/16, fd00:10::/56")
+                .expect("pair")
+                .len(),
+            2
+        );
+        for bad in [
+            "",
+            " , ",
+            "10.244.0.0",
+            "10.244.0.0/16,10.245.0.0/16",
+            "10.0.0.0/8,fd00::/8,10.1.0.0/16",
+        ] {
+            let err = parse_cluster_cidrs(bad).expect_err(bad).to_string();
+            assert!(err.starts_with("--cluster-cidr:"), "{err}");
+        }
+    }
+
+    #[test]
+    fn node_filter() {
+        let mk = |cidr: &str, ip: &str, rv: &str| {
+            let mut n: Node = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "a", "uid": "u", "resourceVersion": rv},
+                "spec": {"podCIDRs": [cidr]},
+                "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
+            }))
+            .expect("node");
+            n.metadata.labels = None;
+            Arc::new(n)
+        };
+        let change = |o: &Arc<Node>, n: &Arc<Node>| Change {
+            old: Some(o.clone()),
+            new: Some(n.clone()),
+        };
+        let a = mk("10.244.1.0/24", "10.0.0.1", "1");
+        assert!(needs_sync(&Change {
+            old: None,
+            new: Some(a.clone())
+        }));
+        assert!(needs_sync(&Change {
+            old: Some(a.clone()),
+            new: None
+        }));
+        assert!(!needs_sync(&change(
+            &a,
+            &mk("10.244.1.0/24", "10.0.0.1", "2")
+        )));
+        assert!(needs_sync(&change(
+            &a,
+            &mk("10.244.2.0/24", "10.0.0.1", "2")
+        )));
+        assert!(needs_sync(&change(
+            &a,
+            &mk("10.244.1.0/24", "10.0.0.2", "2")
+        )));
+    }
+
+    #[test]
+    fn reasons_priority_and_clear() {
+        let mut r = Reasons {
+            node_change: false,
+            retry: true,
+            resync: true,
+        };
+        assert_eq!(r.take(), Some(SyncTrigger::Retry));
+        assert_eq!(r.take(), None);
+        r.resync = true;
+        r.node_change = true;
+        assert_eq!(r.take(), Some(SyncTrigger::NodeChange));
+    }
+}
