@@ -8,5 +8,6 @@ pub mod client;
 pub mod leader;
 pub mod options;
 pub mod procfs;
+pub mod run;
 pub mod serve;
 mod tls;

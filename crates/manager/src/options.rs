@@ -236,6 +236,26 @@ pub struct RunOptions {
     #[arg(long, default_value_t = 10, help_heading = "Controllers")]
     pub concurrent_service_syncs: u32,
 
+    /// ccm-rs: how often NotReady Nodes are re-checked in the cloud when the provider pushes
+    /// instance events (without events, --node-monitor-period applies).
+    #[arg(long, default_value = "5m", help_heading = "Controllers")]
+    pub node_lifecycle_resync_period: GoDuration,
+
+    /// ccm-rs, watch-based routes: at most one route sync per this interval during a storm of
+    /// node changes (a lone change syncs at once).
+    #[arg(long, default_value = "10s", help_heading = "Controllers")]
+    pub route_min_sync_interval: GoDuration,
+
+    /// ccm-rs, watch-based routes: full reconcile after this long without one, to repair
+    /// routes changed in the cloud outside the cluster.
+    #[arg(long, default_value = "30m", help_heading = "Controllers")]
+    pub route_resync_period: GoDuration,
+
+    /// ccm-rs: period of the load-balancer drift check (GetLoadBalancer per Service,
+    /// re-ensure on drift); 0 disables it (upstream has none).
+    #[arg(long, default_value = "0", help_heading = "Controllers")]
+    pub service_drift_check_period: GoDuration,
+
     /// Accepted for compatibility; caches never resync (they are event-driven).
     #[arg(long, default_value = "12h", help_heading = "Controllers")]
     pub min_resync_period: GoDuration,

@@ -1,0 +1,313 @@
+//! A simulated cluster for `ccm demo` and `ccm bench`: kube-sim plus the sim cloud, and the
+//! parts of Kubernetes that are not the CCM — kubelets registering Nodes (tainted, with pod
+//! CIDRs, then Ready) and users creating LoadBalancer Services.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use ccm_controllers::nodeutil::{TAINT_SHUTDOWN, TAINT_UNINITIALIZED, condition_status, has_taint};
+use ccm_kube_sim::KubeSim;
+use ccm_provider_sim::{InstanceSpec, SimCloud};
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+/// User-Agent of the simulated kubelets (for request accounting).
+pub const KUBELET_AGENT: &str = "kubelet/sim";
+/// User-Agent of the simulated user creating Services.
+pub const USER_AGENT: &str = "kubectl/sim";
+/// Pod CIDR range nodes get /24s from.
+pub const CLUSTER_CIDR: &str = "10.128.0.0/9";
+
+/// kube-sim, the sim cloud and clients acting as kubelets and users.
+pub struct SimCluster {
+    /// The API server.
+    pub kube: KubeSim,
+    /// The cloud.
+    pub cloud: SimCloud,
+    /// A kubeconfig for the API server (for the CCM and for kubectl).
+    pub kubeconfig: PathBuf,
+    kubelet: kube::Client,
+    user: kube::Client,
+    _dir: TempDir,
+}
+
+/// A directory removed on drop.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What the cluster looks like now, as a person would check it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ClusterState {
+    /// Node objects.
+    pub nodes: usize,
+    /// Nodes without the uninitialized taint and with a providerID.
+    pub initialized: usize,
+    /// Nodes whose NetworkUnavailable condition is False.
+    pub network_ready: usize,
+    /// Nodes with the shutdown taint.
+    pub shutdown_tainted: usize,
+    /// Routes in the cloud.
+    pub routes: usize,
+    /// LoadBalancer Services (without a class).
+    pub lb_services: usize,
+    /// Of those, how many have an ingress IP.
+    pub with_ingress: usize,
+    /// Load balancers in the cloud.
+    pub cloud_lbs: usize,
+}
+
+impl SimCluster {
+    /// Starts kube-sim and an empty cloud.
+    pub async fn start(cloud: SimCloud) -> anyhow::Result<Self> {
+        let kube = KubeSim::start(ccm_kube_sim::Config::default())
+            .await
+            .context("starting the in-memory API server")?;
+        let dir = std::env::temp_dir().join(format!(
+            "ccm-cluster-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let kubeconfig = dir.join("kubeconfig");
+        kube.write_kubeconfig(&kubeconfig)?;
+        let kubelet = kube.client_with_user_agent(KUBELET_AGENT)?;
+        let user = kube.client_with_user_agent(USER_AGENT)?;
+        Ok(SimCluster {
+            kube,
+            cloud,
+            kubeconfig,
+            kubelet,
+            user,
+            _dir: TempDir(dir),
+        })
+    }
+
+    /// The pod CIDR of node number `i`: a /24 of [`CLUSTER_CIDR`] (room for 32,768 nodes).
+    pub fn pod_cidr(i: u32) -> String {
+        format!("10.{}.{}.0/24", 128 + (i / 256) % 128, i % 256)
+    }
+
+    /// What a kubelet with `--cloud-provider=external` does at startup: register a Node
+    /// tainted uninitialized (with a pod CIDR, as node IPAM would assign), then report Ready.
+    /// The instance is created in the cloud first, as a VM boots before its kubelet.
+    pub async fn add_node(&self, i: u32) -> anyhow::Result<String> {
+        let name = format!("node-{i:05}");
+        self.cloud.add_instance(InstanceSpec::new(name.clone()));
+        let nodes: Api<Node> = Api::all(self.kubelet.clone());
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                },
+            },
+            "spec": {
+                "podCIDR": Self::pod_cidr(i),
+                "podCIDRs": [Self::pod_cidr(i)],
+                "taints": [{
+                    "key": TAINT_UNINITIALIZED,
+                    "value": "true",
+                    "effect": "NoSchedule",
+                }],
+            },
+        }))?;
+        nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .with_context(|| format!("kubelet: registering node {name}"))?;
+        self.set_ready(&name, true).await?;
+        Ok(name)
+    }
+
+    /// The kubelet's status update: Ready True/Unknown, plus its Hostname address.
+    pub async fn set_ready(&self, name: &str, ready: bool) -> anyhow::Result<()> {
+        let nodes: Api<Node> = Api::all(self.kubelet.clone());
+        let now = jiff_now();
+        let status = if ready { "True" } else { "Unknown" };
+        let reason = if ready {
+            "KubeletReady"
+        } else {
+            "NodeStatusUnknown"
+        };
+        let patch = json!({
+            "status": {
+                "conditions": [{
+                    "type": "Ready",
+                    "status": status,
+                    "reason": reason,
+                    "message": if ready { "kubelet is posting ready status" } else { "Kubelet stopped posting node status." },
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }],
+                "addresses": [{"type": "Hostname", "address": name}],
+            }
+        });
+        nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+            .with_context(|| format!("kubelet: status of node {name}"))?;
+        Ok(())
+    }
+
+    /// Creates a LoadBalancer Service with one port.
+    pub async fn add_service(&self, name: &str) -> anyhow::Result<()> {
+        let api: Api<Service> = Api::namespaced(self.user.clone(), "default");
+        let svc: Service = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "type": "LoadBalancer",
+                "selector": {"app": name},
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
+            },
+        }))?;
+        api.create(&PostParams::default(), &svc)
+            .await
+            .with_context(|| format!("creating service default/{name}"))?;
+        Ok(())
+    }
+
+    /// Deletes a Service (the CCM's finalizer keeps it until its LB is gone).
+    pub async fn delete_service(&self, name: &str) -> anyhow::Result<()> {
+        let api: Api<Service> = Api::namespaced(self.user.clone(), "default");
+        api.delete(name, &DeleteParams::default())
+            .await
+            .with_context(|| format!("deleting service default/{name}"))?;
+        Ok(())
+    }
+
+    /// Stops the node's instance; its kubelet stops reporting (Ready → Unknown).
+    pub async fn stop_node(&self, name: &str) -> anyhow::Result<()> {
+        let id = self
+            .cloud
+            .instance_id(name)
+            .with_context(|| format!("no instance for {name}"))?;
+        self.cloud.stop_instance(&id)?;
+        self.set_ready(name, false).await
+    }
+
+    /// Terminates the node's instance; its kubelet is gone (Ready → Unknown).
+    pub async fn terminate_node(&self, name: &str) -> anyhow::Result<()> {
+        let id = self
+            .cloud
+            .instance_id(name)
+            .with_context(|| format!("no instance for {name}"))?;
+        self.cloud.terminate_instance(&id)?;
+        self.set_ready(name, false).await
+    }
+
+    /// One look at the API server and the cloud.
+    pub async fn state(&self) -> anyhow::Result<ClusterState> {
+        let nodes: Api<Node> = Api::all(self.user.clone());
+        let services: Api<Service> = Api::all(self.user.clone());
+        let nodes = nodes.list(&ListParams::default()).await?.items;
+        let services = services.list(&ListParams::default()).await?.items;
+        let mut s = ClusterState {
+            nodes: nodes.len(),
+            routes: self.cloud.routes().len(),
+            cloud_lbs: self.cloud.load_balancers().len(),
+            ..Default::default()
+        };
+        for n in &nodes {
+            let has_pid = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.provider_id.as_deref())
+                .is_some_and(|p| !p.is_empty());
+            if has_pid && !has_taint(n, TAINT_UNINITIALIZED) {
+                s.initialized += 1;
+            }
+            if condition_status(n, "NetworkUnavailable")
+                == ccm_controllers::nodeutil::ConditionStatus::False
+            {
+                s.network_ready += 1;
+            }
+            if has_taint(n, TAINT_SHUTDOWN) {
+                s.shutdown_tainted += 1;
+            }
+        }
+        for svc in &services {
+            let spec = svc.spec.clone().unwrap_or_default();
+            if spec.type_.as_deref() == Some("LoadBalancer") && spec.load_balancer_class.is_none() {
+                s.lb_services += 1;
+                let has_ingress = svc
+                    .status
+                    .as_ref()
+                    .and_then(|st| st.load_balancer.as_ref())
+                    .and_then(|lb| lb.ingress.as_ref())
+                    .is_some_and(|i| !i.is_empty());
+                if has_ingress {
+                    s.with_ingress += 1;
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    /// API requests by the CCM (User-Agent `cloud-controller-manager*`), by verb and resource.
+    pub fn ccm_requests(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for c in self.kube.requests() {
+            if c.key
+                .client
+                .starts_with(ccm_manager::client::USER_AGENT_BASE)
+            {
+                let sub = if c.key.subresource.is_empty() {
+                    String::new()
+                } else {
+                    format!("/{}", c.key.subresource)
+                };
+                *out.entry(format!("{} {}{}", c.key.verb.as_str(), c.key.resource, sub))
+                    .or_default() += c.count;
+            }
+        }
+        out
+    }
+
+    /// Successful writes by the CCM, optionally to one resource.
+    pub fn ccm_writes(&self, resource: Option<&str>) -> u64 {
+        self.kube.count_requests(|k| {
+            k.client.starts_with(ccm_manager::client::USER_AGENT_BASE)
+                && k.verb.is_write()
+                && (200..300).contains(&k.code)
+                && resource.is_none_or(|r| k.resource == r)
+        })
+    }
+}
+
+fn jiff_now() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// Polls `check` every 50 ms until it returns true or `timeout` passes.
+pub async fn wait_until<F, Fut>(timeout: Duration, mut check: F) -> anyhow::Result<bool>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await? {
+            return Ok(true);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

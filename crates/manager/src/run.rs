@@ -1,0 +1,481 @@
+//! `ccm run`: build the provider and clients, serve health and metrics, win the lease, start
+//! the enabled controllers, and stop cleanly.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use ccm_cloud::{CloudMetrics, CloudProvider, InitContext, MeterOptions, ProviderRegistry};
+use ccm_controllers::node::{CloudNodeConfig, CloudNodeController, CloudNodeHandle};
+use ccm_controllers::node_lifecycle::{
+    NodeLifecycleConfig, NodeLifecycleController, NodeLifecycleHandle,
+};
+use ccm_controllers::route::{RouteConfig, RouteController, RouteHandle, RouteMode};
+use ccm_controllers::service::{ServiceConfig, ServiceController, ServiceHandle};
+use ccm_controllers::{Shared, StartError};
+use parking_lot::RwLock;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{RateLimitLayer, USER_AGENT_BASE, build_client, load_config};
+use crate::leader::{LeaderElectionConfig, LeaderElector, LeaderStatus};
+use crate::options::Validated;
+use crate::serve::{Health, ProcessCollector};
+
+/// Name of the manager in `running_managed_controllers`.
+pub const MANAGER: &str = "cloud-controller-manager";
+/// How long in-flight work may take to finish after SIGTERM before the lease is released.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ManagedLabels {
+    name: String,
+    manager: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NameLabel {
+    name: String,
+}
+
+/// Probes of the running controllers, for `ccm demo`, `ccm bench` and tests.
+#[derive(Clone, Default)]
+pub struct ControllerHandles {
+    /// cloud-node, if running.
+    pub node: Option<CloudNodeHandle>,
+    /// cloud-node-lifecycle, if running.
+    pub lifecycle: Option<NodeLifecycleHandle>,
+    /// route, if running.
+    pub route: Option<RouteHandle>,
+    /// service, if running.
+    pub service: Option<ServiceHandle>,
+}
+
+impl ControllerHandles {
+    /// Work queued, delayed or in flight across all controllers: 0 means idle.
+    pub fn pending(&self) -> usize {
+        self.node.as_ref().map_or(0, |h| h.pending())
+            + self.lifecycle.as_ref().map_or(0, |h| h.pending())
+            + self.route.as_ref().map_or(0, |h| h.pending())
+            + self.service.as_ref().map_or(0, |h| h.pending())
+    }
+}
+
+/// Everything `run` needs besides options: where the provider comes from and where metrics go.
+pub struct Runtime {
+    /// The process metrics registry, served at `/metrics`.
+    pub registry: Arc<RwLock<Registry>>,
+    /// Health and readiness checks.
+    pub health: Health,
+    /// Cloud API call counts (also in the registry).
+    pub cloud_metrics: CloudMetrics,
+    /// Published when controllers start (None again when they stop).
+    pub handles: watch::Sender<Option<ControllerHandles>>,
+    /// Leader status, for health and metrics.
+    pub leader: LeaderStatus,
+}
+
+impl Default for Runtime {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let cloud_metrics = CloudMetrics::new(&mut registry);
+        registry.register_collector(Box::new(ProcessCollector));
+        Runtime {
+            registry: Arc::new(RwLock::new(registry)),
+            health: Health::default(),
+            cloud_metrics,
+            handles: watch::channel(None).0,
+            leader: LeaderStatus::default(),
+        }
+    }
+}
+
+/// How `run` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Shut down on request (SIGTERM): exit 0.
+    Shutdown,
+    /// Leadership lost: exit non-zero so the kubelet restarts the process as a fresh candidate.
+    LeaderLost,
+}
+
+/// Builds the provider named by `--cloud-provider` and wraps it with metering.
+pub fn build_provider(
+    v: &Validated,
+    providers: &ProviderRegistry,
+    metrics: &CloudMetrics,
+) -> anyhow::Result<Arc<dyn CloudProvider>> {
+    let o = &v.options;
+    let inner = providers.build(&o.cloud_provider, o.cloud_config.as_deref())?;
+    Ok(ccm_cloud::metered(
+        inner,
+        metrics.clone(),
+        MeterOptions {
+            rate_limit: (o.cloud_api_qps > 0.0).then_some((o.cloud_api_qps, o.cloud_api_burst)),
+        },
+    ))
+}
+
+/// Runs the CCM until `shutdown` or lost leadership.
+pub async fn run(
+    v: Validated,
+    providers: &ProviderRegistry,
+    rt: &Runtime,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Exit> {
+    let o = &v.options;
+    if o.allow_untagged_cloud {
+        tracing::warn!("--allow-untagged-cloud is deprecated and has no effect in ccm-rs");
+    }
+    let provider = build_provider(&v, providers, &rt.cloud_metrics)?;
+    if !provider.has_cluster_id() && !o.allow_untagged_cloud {
+        anyhow::bail!(
+            "cloud provider {:?} cannot scope resources to this cluster (no cluster ID); pass --allow-untagged-cloud to run anyway",
+            provider.provider_name()
+        );
+    }
+    let base = load_config(o.kubeconfig.as_deref(), o.master.as_deref()).await?;
+    let limit = RateLimitLayer::new(o.kube_api_qps, o.kube_api_burst);
+    let admin = build_client(base.clone(), USER_AGENT_BASE, &limit)?;
+
+    let serve_shutdown = shutdown.child_token();
+    if o.secure_port != 0 {
+        let addr = std::net::SocketAddr::new(o.bind_address, o.secure_port);
+        let tls = o
+            .tls_cert_file
+            .as_deref()
+            .zip(o.tls_private_key_file.as_deref());
+        let local = crate::serve::serve(
+            addr,
+            tls,
+            rt.health.clone(),
+            rt.registry.clone(),
+            serve_shutdown.clone(),
+        )
+        .await?;
+        tracing::info!(%local, "serving /healthz /readyz /livez /metrics");
+    } else {
+        tracing::info!("--secure-port=0: not serving health or metrics");
+    }
+
+    let master_status: Family<NameLabel, Gauge> = Family::default();
+    rt.registry.write().register(
+        "leader_election_master_status",
+        "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master",
+        master_status.clone(),
+    );
+    let lease_label = NameLabel {
+        name: o.leader_elect_resource_name.clone(),
+    };
+
+    let exit = if o.leader_elect {
+        let identity = format!("{}_{}", hostname(), uuid_v4());
+        let mut elector = LeaderElector::new(
+            admin.clone(),
+            LeaderElectionConfig {
+                namespace: o.leader_elect_resource_namespace.clone(),
+                name: o.leader_elect_resource_name.clone(),
+                identity: identity.clone(),
+                lease_duration: o.leader_elect_lease_duration.0,
+                renew_deadline: o.leader_elect_renew_deadline.0,
+                retry_period: o.leader_elect_retry_period.0,
+            },
+        );
+        let leader = rt.leader.clone();
+        let tolerance = o.leader_elect_lease_duration.0 + Duration::from_secs(20);
+        rt.health.add_health(
+            "leaderElection",
+            Arc::new(move || match leader.since_renew() {
+                Some(d) if d > tolerance => Err(format!(
+                    "the lease was last renewed {d:?} ago, more than the lease duration + 20s"
+                )),
+                _ => Ok(()),
+            }),
+        );
+        tracing::info!(%identity, lease = %format!("{}/{}", o.leader_elect_resource_namespace, o.leader_elect_resource_name), "waiting to become leader");
+        if !elector.acquire(&shutdown).await {
+            serve_shutdown.cancel();
+            return Ok(Exit::Shutdown);
+        }
+        tracing::info!(%identity, "became leader");
+        master_status.get_or_create(&lease_label).set(1);
+        let controllers = shutdown.child_token();
+        let started =
+            start_controllers(&v, provider, &admin, &base, &limit, rt, controllers.clone()).await;
+        let tasks = match started {
+            Ok(t) => t,
+            Err(e) => {
+                controllers.cancel();
+                elector.release().await;
+                return Err(e);
+            }
+        };
+        let still_leading = elector.keep_renewing(&rt.leader, &shutdown).await;
+        controllers.cancel();
+        rt.handles.send_replace(None);
+        master_status.get_or_create(&lease_label).set(0);
+        if still_leading {
+            // SIGTERM: let in-flight work finish (bounded), then hand the lease over.
+            let _ = tokio::time::timeout(DRAIN_TIMEOUT, futures::future::join_all(tasks)).await;
+            elector.release().await;
+            rt.leader.lost();
+            Exit::Shutdown
+        } else {
+            tracing::error!("leaderelection lost");
+            Exit::LeaderLost
+        }
+    } else {
+        let controllers = shutdown.child_token();
+        let tasks =
+            start_controllers(&v, provider, &admin, &base, &limit, rt, controllers.clone()).await?;
+        shutdown.cancelled().await;
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, futures::future::join_all(tasks)).await;
+        Exit::Shutdown
+    };
+    serve_shutdown.cancel();
+    Ok(exit)
+}
+
+/// Starts the enabled controllers; prints one line per controller: started, or skipped and why.
+async fn start_controllers(
+    v: &Validated,
+    provider: Arc<dyn CloudProvider>,
+    admin: &kube::Client,
+    base: &kube::Config,
+    limit: &RateLimitLayer,
+    rt: &Runtime,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let o = &v.options;
+    provider
+        .initialize(InitContext {
+            client: admin.clone(),
+            shutdown: shutdown.clone(),
+        })
+        .await
+        .context("cloud provider initialization failed")?;
+
+    let shared = {
+        let mut s = Shared::new(provider, o.cluster_name.clone());
+        s.queue_metrics = ccm_controllers::queue::QueueMetrics::new(&mut rt.registry.write());
+        s
+    };
+    shared.start_informers(admin.clone(), shutdown.clone());
+    {
+        let (nodes, services) = (shared.nodes.clone(), shared.services.clone());
+        rt.health.add_ready(
+            "informer-sync",
+            Arc::new(move || {
+                if nodes.is_ready() && services.is_ready() {
+                    Ok(())
+                } else {
+                    Err("caches not synced yet".to_string())
+                }
+            }),
+        );
+    }
+
+    let running: Family<ManagedLabels, Gauge> = Family::default();
+    rt.registry.write().register(
+        "running_managed_controllers",
+        "Indicates where instances of a controller are currently running",
+        running.clone(),
+    );
+
+    let token_dir = std::env::temp_dir().join(format!("ccm-rs-tokens-{}", std::process::id()));
+    let client_for = |account: &'static str, ua: &'static str| {
+        let admin = admin.clone();
+        let base = base.clone();
+        let limit = limit.clone();
+        let token_dir = token_dir.clone();
+        let shutdown = shutdown.clone();
+        let use_sa = o.use_service_account_credentials;
+        async move {
+            let user_agent = format!("{USER_AGENT_BASE}/{ua}");
+            if use_sa {
+                std::fs::create_dir_all(&token_dir)?;
+                let cfg = crate::client::service_account_config(
+                    &admin, &base, account, &token_dir, shutdown,
+                )
+                .await?;
+                build_client(cfg, &user_agent, &limit)
+            } else {
+                build_client(base, &user_agent, &limit)
+            }
+        }
+    };
+
+    let mut tasks = Vec::new();
+    let mut handles = ControllerHandles::default();
+    let report = |name: &str, alias: &str, result: &Result<(), StartError>| match result {
+        Ok(()) => {
+            running
+                .get_or_create(&ManagedLabels {
+                    name: alias.to_string(),
+                    manager: MANAGER.to_string(),
+                })
+                .set(1);
+            println!("{name}: started");
+            tracing::info!(controller = name, "started");
+        }
+        Err(StartError::Skipped(why)) => {
+            println!("{name}: skipped: {why}");
+            tracing::info!(controller = name, reason = %why, "skipped");
+        }
+        Err(StartError::Invalid(_)) => {}
+    };
+
+    // cloud-node
+    let name = "cloud-node-controller";
+    if v.controllers.enabled(name) {
+        let client = client_for("node-controller", "cloud-node-controller").await?;
+        let cfg = CloudNodeConfig {
+            node_status_update_frequency: o.node_status_update_frequency.0,
+            concurrent_node_syncs: o.concurrent_node_syncs as usize,
+            concurrent_node_status_updates: o.concurrent_node_status_updates as usize,
+            ..Default::default()
+        };
+        let r = CloudNodeController::new(shared.clone(), client, cfg, &mut rt.registry.write());
+        let result = r.map(|c| {
+            handles.node = Some(c.handle());
+            tasks.push(tokio::spawn(c.run(shutdown.clone())));
+        });
+        report(name, "cloud-node", &result);
+        if let Err(StartError::Invalid(e)) = result {
+            anyhow::bail!("{name}: {e}");
+        }
+    } else {
+        println!("{name}: disabled by --controllers");
+    }
+
+    // cloud-node-lifecycle
+    let name = "cloud-node-lifecycle-controller";
+    if v.controllers.enabled(name) {
+        let client = client_for("node-controller", "cloud-node-lifecycle-controller").await?;
+        let cfg = NodeLifecycleConfig {
+            node_monitor_period: o.node_monitor_period.0,
+            event_driven_resync_period: o.node_lifecycle_resync_period.0,
+            ..Default::default()
+        };
+        let r = NodeLifecycleController::new(shared.clone(), client, cfg, &mut rt.registry.write());
+        let result = r.map(|c| {
+            handles.lifecycle = Some(c.handle());
+            tasks.push(tokio::spawn(c.run(shutdown.clone())));
+        });
+        report(name, "cloud-node-lifecycle", &result);
+        if let Err(StartError::Invalid(e)) = result {
+            anyhow::bail!("{name}: {e}");
+        }
+    } else {
+        println!("{name}: disabled by --controllers");
+    }
+
+    // route
+    let name = "node-route-controller";
+    if v.controllers.enabled(name) {
+        let client = client_for("route-controller", "node-route-controller").await?;
+        let watch = v
+            .gates
+            .get("CloudControllerManagerWatchBasedRoutesReconciliation")
+            .copied()
+            .unwrap_or(true);
+        let cfg = RouteConfig {
+            cluster_cidrs: v.cluster_cidrs.clone(),
+            configure_cloud_routes: o.configure_cloud_routes,
+            mode: if watch {
+                RouteMode::Watch
+            } else {
+                RouteMode::Interval
+            },
+            reconciliation_period: o.route_reconciliation_period.0,
+            min_sync_interval: o.route_min_sync_interval.0,
+            resync_period: o.route_resync_period.0,
+            ..Default::default()
+        };
+        let r = RouteController::new(shared.clone(), client, cfg, &mut rt.registry.write());
+        let result = r.map(|c| {
+            handles.route = Some(c.handle());
+            tasks.push(tokio::spawn(c.run(shutdown.clone())));
+        });
+        report(name, "route", &result);
+        if let Err(StartError::Invalid(e)) = result {
+            anyhow::bail!("{name}: {e}");
+        }
+    } else {
+        println!("{name}: disabled by --controllers");
+    }
+
+    // service
+    let name = "service-lb-controller";
+    if v.controllers.enabled(name) {
+        let client = client_for("service-controller", "service-lb-controller").await?;
+        let drift = o.service_drift_check_period.0;
+        let cfg = ServiceConfig {
+            concurrent_service_syncs: o.concurrent_service_syncs as usize,
+            drift_check_period: (!drift.is_zero()).then_some(drift),
+            ..Default::default()
+        };
+        let r = ServiceController::new(shared.clone(), client, cfg, &mut rt.registry.write());
+        let result = r.map(|c| {
+            handles.service = Some(c.handle());
+            tasks.push(tokio::spawn(c.run(shutdown.clone())));
+        });
+        report(name, "service", &result);
+        if let Err(StartError::Invalid(e)) = result {
+            anyhow::bail!("{name}: {e}");
+        }
+    } else {
+        println!("{name}: disabled by --controllers");
+    }
+
+    for (n, h) in [
+        ("cloud-node-controller", handles.node.is_some()),
+        (
+            "cloud-node-lifecycle-controller",
+            handles.lifecycle.is_some(),
+        ),
+        ("node-route-controller", handles.route.is_some()),
+        ("service-lb-controller", handles.service.is_some()),
+    ] {
+        if h {
+            rt.health.add_health(n, Arc::new(|| Ok(())));
+        }
+    }
+    rt.handles.send_replace(Some(handles));
+    Ok(tasks)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+fn uuid_v4() -> String {
+    let b: [u8; 16] = rand::random();
+    format!(
+        "{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-4{:01x}{:02x}-{:01x}{:01x}{:02x}-{}",
+        b[0],
+        b[1],
+        b[2],
+        b[3],
+        b[4],
+        b[5],
+        b[6] & 0x0f,
+        b[7],
+        8 | (b[8] & 0x3),
+        b[8] >> 4,
+        b[9],
+        b[10..16]
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect::<String>()
+    )
+}
