@@ -214,7 +214,8 @@ pub struct SimLoadBalancer {
 /// leaders never wrote at the same time).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Mutation {
-    /// Position in the log, starting at 1: a total order even when clocks tie.
+    /// Position in the log, starting at 1 and never reused (not even after
+    /// [`SimCloud::take_mutations`]): a total order even when clocks tie.
     pub seq: u64,
     /// Wall-clock time, for humans and for comparing with other processes' logs.
     pub wall: SystemTime,
@@ -296,6 +297,7 @@ pub(crate) struct State {
     pub(crate) lbs: BTreeMap<(String, String), SimLoadBalancer>,
     vip_cursor: u32,
     log: Vec<Mutation>,
+    next_seq: u64,
 }
 
 /// Handed to state-changing code so it can log and emit without re-locking.
@@ -307,7 +309,8 @@ pub(crate) struct Tx<'a> {
 
 impl Tx<'_> {
     pub(crate) fn log(&mut self, operation: &str, object: String, changed: bool) {
-        let seq = self.state.log.len() as u64 + 1;
+        self.state.next_seq += 1;
+        let seq = self.state.next_seq;
         let at = Instant::now();
         self.state.log.push(Mutation {
             seq,
@@ -425,6 +428,7 @@ impl SimCloud {
                     lbs: BTreeMap::new(),
                     vip_cursor: 0,
                     log: Vec::new(),
+                    next_seq: 0,
                 }),
                 faults: Mutex::new(Faults::new()),
                 rng: Mutex::new(rng),
@@ -733,6 +737,12 @@ impl SimCloud {
     /// The mutation log, oldest first.
     pub fn mutations(&self) -> Vec<Mutation> {
         self.inner.state.lock().log.clone()
+    }
+
+    /// Removes and returns the mutation log so far; sequence numbers keep counting. A long
+    /// benchmark drains the log periodically instead of holding every write in memory.
+    pub fn take_mutations(&self) -> Vec<Mutation> {
+        std::mem::take(&mut self.inner.state.lock().log)
     }
 
     /// Calls received, by `(operation, result)`, whoever made them, including failed and

@@ -1,6 +1,6 @@
 //! Fault injection: latency, error probability, "fail the next N calls", throttling.
 //!
-//! Every simulated API call asks [`Faults::decide`] what happens to it *before* it touches the
+//! Every simulated API call decides what happens to it *before* it touches the
 //! cloud state, so a call that fails has, by construction, changed nothing.
 
 use std::collections::HashMap;

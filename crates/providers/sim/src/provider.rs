@@ -264,7 +264,8 @@ impl LoadBalancer for SimCloud {
         .await
     }
 
-    /// See [`sim_load_balancer_name`].
+    /// Upstream's default (`a` + Service UID); for a Service without a UID (hand-made test
+    /// objects) `<namespace>-<name>`, so such LBs still get distinct names.
     fn load_balancer_name(&self, cluster: &str, service: &Service) -> String {
         sim_load_balancer_name(cluster, service)
     }
