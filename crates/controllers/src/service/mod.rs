@@ -567,7 +567,7 @@ impl Inner {
     /// node set, then `EnsureLoadBalancer`, then the status if its ingress changed.
     async fn ensure_path(&self, key: &str, svc: &Arc<Service>) -> Result<(), SyncError> {
         self.event(
-            &**svc,
+            svc,
             EventType::Normal,
             "EnsuringLoadBalancer",
             "Ensuring load balancer",
@@ -585,7 +585,7 @@ impl Inner {
         let nodes = self.lb_nodes();
         if nodes.is_empty() {
             self.event(
-                &**svc,
+                svc,
                 EventType::Warning,
                 "UnAvailableLoadBalancer",
                 "There are no available nodes for LoadBalancer",
@@ -604,7 +604,7 @@ impl Inner {
             Err(e) => return Err(SyncError::cloud("failed to ensure load balancer")(e)),
         };
         self.event(
-            &**svc,
+            svc,
             EventType::Normal,
             "EnsuredLoadBalancer",
             "Ensured load balancer",
