@@ -23,8 +23,9 @@ pub const CLUSTER_CIDR: &str = "10.128.0.0/9";
 
 /// kube-sim, the sim cloud and clients acting as kubelets and users.
 pub struct SimCluster {
-    /// The API server.
-    pub kube: KubeSim,
+    /// The in-memory API server; `None` when driving an external one (`--kubeconfig`), which
+    /// has no request accounting.
+    pub kube: Option<KubeSim>,
     /// The cloud.
     pub cloud: SimCloud,
     /// A kubeconfig for the API server (for the CCM and for kubectl).
@@ -81,13 +82,47 @@ impl SimCluster {
         let kubelet = kube.client_with_user_agent(KUBELET_AGENT)?;
         let user = kube.client_with_user_agent(USER_AGENT)?;
         Ok(SimCluster {
-            kube,
+            kube: Some(kube),
             cloud,
             kubeconfig,
             kubelet,
             user,
             _dir: TempDir(dir),
         })
+    }
+
+    /// Uses an existing API server (any conformant one) through `kubeconfig`.
+    pub async fn connect(kubeconfig: &std::path::Path, cloud: SimCloud) -> anyhow::Result<Self> {
+        let client_for = |ua: &'static str| {
+            let path = kubeconfig.to_path_buf();
+            async move {
+                let config = ccm_manager::client::load_config(Some(&path), None).await?;
+                ccm_manager::client::build_client(
+                    config,
+                    ua,
+                    &ccm_manager::client::RateLimitLayer::new(0.0, 0),
+                )
+            }
+        };
+        let dir = std::env::temp_dir().join(format!(
+            "ccm-cluster-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir)?;
+        Ok(SimCluster {
+            kube: None,
+            cloud,
+            kubeconfig: kubeconfig.to_path_buf(),
+            kubelet: client_for(KUBELET_AGENT).await?,
+            user: client_for(USER_AGENT).await?,
+            _dir: TempDir(dir),
+        })
+    }
+
+    /// A client acting as the simulated user (for watches by demo and bench).
+    pub fn user_client(&self) -> kube::Client {
+        self.user.clone()
     }
 
     /// The pod CIDR of node number `i`: a /24 of [`CLUSTER_CIDR`] (room for 32,768 nodes).
@@ -180,6 +215,34 @@ impl SimCluster {
         Ok(())
     }
 
+    /// Creates a ClusterIP Service (cached by the CCM, never given a load balancer).
+    pub async fn add_cluster_ip_service(&self, name: &str) -> anyhow::Result<()> {
+        let api: Api<Service> = Api::namespaced(self.user.clone(), "default");
+        let svc: Service = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "selector": {"app": name},
+                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
+            },
+        }))?;
+        api.create(&PostParams::default(), &svc)
+            .await
+            .with_context(|| format!("creating service default/{name}"))?;
+        Ok(())
+    }
+
+    /// Deletes a Node object, as an operator (or autoscaler) removing a machine does.
+    pub async fn delete_node(&self, name: &str) -> anyhow::Result<()> {
+        let api: Api<Node> = Api::all(self.user.clone());
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("deleting node {name}")),
+        }
+    }
+
     /// Deletes a Service (the CCM's finalizer keeps it until its LB is gone).
     pub async fn delete_service(&self, name: &str) -> anyhow::Result<()> {
         let api: Api<Service> = Api::namespaced(self.user.clone(), "default");
@@ -260,7 +323,10 @@ impl SimCluster {
     /// API requests by the CCM (User-Agent `cloud-controller-manager*`), by verb and resource.
     pub fn ccm_requests(&self) -> BTreeMap<String, u64> {
         let mut out = BTreeMap::new();
-        for c in self.kube.requests() {
+        let Some(kube) = &self.kube else {
+            return out;
+        };
+        for c in kube.requests() {
             if c.key
                 .client
                 .starts_with(ccm_manager::client::USER_AGENT_BASE)
@@ -279,7 +345,8 @@ impl SimCluster {
 
     /// Successful writes by the CCM, optionally to one resource.
     pub fn ccm_writes(&self, resource: Option<&str>) -> u64 {
-        self.kube.count_requests(|k| {
+        let Some(kube) = &self.kube else { return 0 };
+        kube.count_requests(|k| {
             k.client.starts_with(ccm_manager::client::USER_AGENT_BASE)
                 && k.verb.is_write()
                 && (200..300).contains(&k.code)

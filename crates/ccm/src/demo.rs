@@ -278,11 +278,11 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<std::process::ExitCode> {
     }
     let started = Instant::now();
     let cluster = SimCluster::start(cloud(&opts)?).await?;
-    if let Some(path) = &opts.kubeconfig_out {
-        cluster.kube.write_kubeconfig(path)?;
+    if let (Some(path), Some(kube)) = (&opts.kubeconfig_out, &cluster.kube) {
+        kube.write_kubeconfig(path)?;
         println!(
             "API server at {} — try: kubectl --kubeconfig {} get nodes -w",
-            cluster.kube.url(),
+            kube.url(),
             path.display()
         );
     }

@@ -8,9 +8,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod cluster;
 mod demo;
 mod logging;
+mod plot;
 
 /// ccm-rs: a Kubernetes cloud-controller-manager, event-driven and batched.
 #[derive(Debug, Parser)]
@@ -34,6 +36,9 @@ enum Command {
     Run(ccm_manager::options::RunOptions),
     /// A whole simulated cluster in one process: API server, cloud, kubelets and the CCM.
     Demo(demo::DemoOptions),
+    /// Scale benchmark: the CCM under test runs as a child process against kube-sim and the
+    /// sim cloud; prints a table, optionally JSON and SVG charts.
+    Bench(bench::BenchOptions),
     /// Serve the in-memory Kubernetes API server until Ctrl-C (for kubectl and tests).
     KubeSim(ccm_kube_sim::CliOptions),
 }
@@ -64,6 +69,10 @@ fn main() -> ExitCode {
             Some(Command::Demo(opts)) => {
                 logging::init(0, ccm_manager::options::LogFormat::Text);
                 demo::run(opts).await
+            }
+            Some(Command::Bench(opts)) => {
+                logging::init(0, ccm_manager::options::LogFormat::Text);
+                bench::run(opts).await
             }
             Some(Command::KubeSim(opts)) => {
                 logging::init(2, ccm_manager::options::LogFormat::Text);

@@ -221,9 +221,21 @@ impl Meter {
         self.limit().await;
         let start = Instant::now();
         let out = fut.await;
-        // One API call: it failed as a whole only if every answer carries the same error.
+        // One API call: it failed as a whole only if every answer carries the same call-level
+        // error. Per-node answers such as InstanceNotFound are a successful call.
+        let call_level = |e: &CloudError| {
+            matches!(
+                e,
+                CloudError::Throttled { .. }
+                    | CloudError::Transient(_)
+                    | CloudError::Permanent(_)
+                    | CloudError::Retry { .. }
+            )
+        };
         let result = match out.first() {
-            Some(Err(first)) if out.iter().all(|r| matches!(r, Err(e) if e == first)) => {
+            Some(Err(first))
+                if call_level(first) && out.iter().all(|r| matches!(r, Err(e) if e == first)) =>
+            {
                 first.kind()
             }
             _ => "success",

@@ -1,0 +1,1007 @@
+//! `ccm bench`: scale scenarios that measure what ccm-rs costs the API server and the cloud,
+//! and how fast it converges.
+//!
+//! The CCM under test runs as a separate child process (`ccm run`), so its RSS and CPU come from
+//! /proc for that process alone. The bench process hosts kube-sim (or talks to `--kubeconfig`)
+//! and the sim cloud, served over HTTP to the child, with a per-call latency (default 50 ms).
+//! Numbers are measured, never asserted: see docs/BENCHMARKS.md.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use ccm_controllers::nodeutil::{
+    ConditionStatus, TAINT_UNINITIALIZED, condition_status, has_taint,
+};
+use ccm_manager::options::GoDuration;
+use ccm_provider_sim::{Latency, SimCloud, SimOptions, SimServer};
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::api::Api;
+use kube::runtime::watcher;
+use parking_lot::Mutex;
+use serde::Serialize;
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+use crate::cluster::{CLUSTER_CIDR, SimCluster, wait_until};
+
+/// The scenarios.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scenario {
+    /// Many Ready nodes register at once.
+    Burst,
+    /// A converged cluster sits idle, once per route mode.
+    Idle,
+    /// Many LoadBalancer Services at once, then one node joins.
+    Services,
+    /// Nodes and Services come and go with injected cloud faults.
+    Churn,
+    /// Many nodes and Services cached: steady memory.
+    Memory,
+}
+
+/// Flags of `ccm bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchOptions {
+    /// Scenarios to run (default: all, in this order).
+    #[arg(value_enum)]
+    pub scenarios: Vec<Scenario>,
+    /// Nodes for burst, idle and services.
+    #[arg(long, default_value_t = 1000)]
+    pub nodes: u32,
+    /// LoadBalancer Services for the services scenario.
+    #[arg(long, default_value_t = 200)]
+    pub services: u32,
+    /// Latency of every cloud API call.
+    #[arg(long, default_value = "50ms")]
+    pub cloud_latency: GoDuration,
+    /// Fraction of cloud calls that fail (churn uses at least 0.1).
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_rate: f64,
+    /// Quiet window of the idle scenario, per route mode.
+    #[arg(long, default_value = "120s")]
+    pub idle_window: GoDuration,
+    /// How long the churn scenario changes things.
+    #[arg(long, default_value = "60s")]
+    pub churn_duration: GoDuration,
+    /// Changes per second during churn.
+    #[arg(long, default_value_t = 5.0)]
+    pub churn_rate: f64,
+    /// Nodes cached in the memory scenario.
+    #[arg(long, default_value_t = 5000)]
+    pub memory_nodes: u32,
+    /// Services cached in the memory scenario.
+    #[arg(long, default_value_t = 5000)]
+    pub memory_services: u32,
+    /// Give up on a convergence wait after this long.
+    #[arg(long, default_value = "600s")]
+    pub timeout: GoDuration,
+    /// Run against this API server instead of an in-process kube-sim (no request accounting).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The ccm binary to test (default: this one).
+    #[arg(long)]
+    pub ccm_bin: Option<PathBuf>,
+    /// Extra flag for the CCM under test (repeatable), e.g. --ccm-arg=--kube-api-qps=20.
+    #[arg(long = "ccm-arg", allow_hyphen_values = true)]
+    pub ccm_args: Vec<String>,
+    /// Write results as JSON (one object per scenario).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write SVG charts into this directory.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+/// Latency percentiles in seconds.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Slowest.
+    pub max: f64,
+}
+
+fn percentiles(mut v: Vec<f64>) -> Percentiles {
+    if v.is_empty() {
+        return Percentiles::default();
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1];
+    Percentiles {
+        p50: at(0.5),
+        p99: at(0.99),
+        max: v[v.len() - 1],
+    }
+}
+
+/// Resource use of the CCM child.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Usage {
+    /// Peak resident set size, MB.
+    pub peak_rss_mb: f64,
+    /// Resident set size at the end, MB.
+    pub rss_mb: f64,
+    /// CPU seconds used.
+    pub cpu_seconds: f64,
+}
+
+/// One scenario's results (fields depend on the scenario; absent ones are null).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ScenarioResult {
+    /// Which scenario.
+    pub scenario: String,
+    /// Did it converge?
+    pub converged: bool,
+    /// Nodes involved.
+    pub nodes: u32,
+    /// Services involved.
+    pub services: u32,
+    /// Per-node time from creation to initialized.
+    pub time_to_initialized: Option<Percentiles>,
+    /// Seconds until every node had its routes (burst).
+    pub all_routes_seconds: Option<f64>,
+    /// Per-Service time from creation to ingress.
+    pub time_to_ingress: Option<Percentiles>,
+    /// Seconds until every Service had ingress.
+    pub all_ingress_seconds: Option<f64>,
+    /// Node join: seconds until every LB had the new host.
+    pub node_join_lb_update_seconds: Option<f64>,
+    /// Node join: UpdateLoadBalancer calls.
+    pub node_join_lb_updates: Option<u64>,
+    /// Successful CCM writes to nodes (incl. status) per node.
+    pub api_node_writes_per_node: Option<f64>,
+    /// Successful CCM writes of any kind (incl. events) per node.
+    pub api_writes_per_node: Option<f64>,
+    /// CCM requests by "verb resource".
+    pub api_requests: BTreeMap<String, u64>,
+    /// Cloud calls by operation.
+    pub cloud_calls: BTreeMap<String, u64>,
+    /// Idle: per route mode, extrapolated per hour.
+    pub idle: Vec<IdleResult>,
+    /// Churn: seconds from the end of churn to convergence.
+    pub churn_convergence_lag_seconds: Option<f64>,
+    /// Churn: cloud LBs without a LoadBalancer Service.
+    pub leaked_load_balancers: Option<usize>,
+    /// Churn: LoadBalancer Services without a cloud LB or ingress.
+    pub missing_load_balancers: Option<usize>,
+    /// Churn: routes for nodes that do not exist.
+    pub leaked_routes: Option<usize>,
+    /// Churn: changes made.
+    pub churn_operations: Option<u64>,
+    /// CCM child resource use.
+    pub usage: Usage,
+    /// Wall time of the scenario.
+    pub wall_seconds: f64,
+}
+
+/// Idle scenario numbers for one route mode.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct IdleResult {
+    /// `watch` or `interval`.
+    pub route_mode: String,
+    /// Window measured, seconds.
+    pub window_seconds: f64,
+    /// Cloud calls per hour (extrapolated).
+    pub cloud_calls_per_hour: f64,
+    /// CCM API requests per hour, excluding leader-election lease traffic.
+    pub api_requests_per_hour: f64,
+    /// Leader-election lease requests per hour.
+    pub lease_requests_per_hour: f64,
+    /// route_controller_route_sync_total delta over the window.
+    pub route_syncs: u64,
+    /// Cumulative cloud calls sampled each second (for the chart).
+    #[serde(skip)]
+    pub timeline: Vec<(f64, u64)>,
+}
+
+/// The CCM under test, as a child process, with the sim cloud served to it.
+struct Env {
+    cluster: SimCluster,
+    server: SimServer,
+    child: Child,
+    pid: u32,
+    metrics_url: String,
+    http: reqwest_lite::Http,
+}
+
+mod reqwest_lite {
+    //! A tiny HTTP GET over hyper for /metrics and /readyz of the child.
+    use http_body_util::{BodyExt, Empty};
+    use hyper::body::Bytes;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use hyper_util::rt::TokioExecutor;
+
+    /// A plain-HTTP client.
+    #[derive(Clone)]
+    pub struct Http(Client<HttpConnector, Empty<Bytes>>);
+
+    impl Http {
+        pub fn new() -> Self {
+            Http(Client::builder(TokioExecutor::new()).build_http())
+        }
+        /// GET `url`: (status, body).
+        pub async fn get(&self, url: &str) -> anyhow::Result<(u16, String)> {
+            let resp = self.0.get(url.parse()?).await?;
+            let status = resp.status().as_u16();
+            let body = resp.into_body().collect().await?.to_bytes();
+            Ok((status, String::from_utf8_lossy(&body).into_owned()))
+        }
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+fn sim_cloud(opts: &BenchOptions, fault_rate: f64) -> anyhow::Result<SimCloud> {
+    let cloud = SimCloud::with_options(SimOptions {
+        seed: Some(7),
+        ..Default::default()
+    });
+    let fixed = opts.cloud_latency.0;
+    cloud.set_latency(
+        "*",
+        Latency {
+            fixed,
+            jitter: fixed / 10,
+        },
+    )?;
+    if fault_rate > 0.0 {
+        cloud.set_error_rate("*", fault_rate.min(1.0))?;
+    }
+    Ok(cloud)
+}
+
+impl Env {
+    async fn start(opts: &BenchOptions, fault_rate: f64, extra: &[String]) -> anyhow::Result<Env> {
+        let cloud = sim_cloud(opts, fault_rate)?;
+        let cluster = match &opts.kubeconfig {
+            Some(path) => SimCluster::connect(path, cloud.clone()).await?,
+            None => SimCluster::start(cloud.clone()).await?,
+        };
+        let server = SimServer::start(cloud, SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+        let dir = cluster
+            .kubeconfig
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(std::env::temp_dir);
+        let cloud_config = dir.join(format!("bench-cloud-{}.toml", rand::random::<u32>()));
+        std::fs::write(
+            &cloud_config,
+            format!(
+                "endpoint = \"{}\"\nactor = \"ccm-under-test\"\n",
+                server.endpoint()
+            ),
+        )?;
+        let port = free_port()?;
+        let bin = match &opts.ccm_bin {
+            Some(b) => b.clone(),
+            None => std::env::current_exe().context("locating the ccm binary")?,
+        };
+        let log = std::fs::File::create(dir.join("ccm.log"))?;
+        let mut cmd = Command::new(&bin);
+        cmd.arg("run")
+            .arg("--cloud-provider=sim")
+            .arg(format!("--cloud-config={}", cloud_config.display()))
+            .arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
+            .arg(format!("--cluster-cidr={CLUSTER_CIDR}"))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--secure-port={port}"))
+            .arg("-v=1")
+            .args(&opts.ccm_args)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let pid = child.id().context("child pid")?;
+        let http = reqwest_lite::Http::new();
+        let env = Env {
+            cluster,
+            server,
+            child,
+            pid,
+            metrics_url: format!("http://127.0.0.1:{port}/metrics"),
+            http,
+        };
+        let ready_url = format!("http://127.0.0.1:{port}/readyz");
+        let ready = wait_until(Duration::from_secs(60), || async {
+            Ok(matches!(env.http.get(&ready_url).await, Ok((200, _))))
+        })
+        .await?;
+        if !ready {
+            anyhow::bail!(
+                "the CCM under test did not become ready within 60s (log: {})",
+                dir.join("ccm.log").display()
+            );
+        }
+        Ok(env)
+    }
+
+    fn usage(&self) -> Usage {
+        ccm_manager::procfs::read_pid(self.pid)
+            .map(|p| Usage {
+                peak_rss_mb: p.peak_rss_bytes as f64 / 1e6,
+                rss_mb: p.rss_bytes as f64 / 1e6,
+                cpu_seconds: p.cpu_seconds,
+            })
+            .unwrap_or_default()
+    }
+
+    async fn metric(&self, prefix: &str) -> u64 {
+        let Ok((200, body)) = self.http.get(&self.metrics_url).await else {
+            return 0;
+        };
+        body.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum::<f64>() as u64
+    }
+
+    fn cloud_calls(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for ((op, _), n) in self.cluster.cloud.calls() {
+            *out.entry(op).or_default() += n;
+        }
+        out
+    }
+
+    async fn stop(mut self) {
+        #[cfg(unix)]
+        {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(self.pid.to_string())
+                .status()
+                .await;
+            let _ = tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await;
+        }
+        let _ = self.child.kill().await;
+        let _ = self.server.shutdown().await;
+    }
+}
+
+/// Records when each object first satisfied a predicate, from a watch.
+struct Tracker {
+    first: Arc<Mutex<HashMap<String, Instant>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Tracker {
+    fn nodes(client: kube::Client, pred: fn(&Node) -> bool) -> Self {
+        let first: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+        let f = first.clone();
+        let task = tokio::spawn(async move {
+            let stream = watcher::watcher(Api::<Node>::all(client), watcher::Config::default());
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                let obj = match ev {
+                    Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => o,
+                    _ => continue,
+                };
+                if pred(&obj)
+                    && let Some(name) = obj.metadata.name.clone()
+                {
+                    f.lock().entry(name).or_insert_with(Instant::now);
+                }
+            }
+        });
+        Tracker { first, task }
+    }
+
+    fn services(client: kube::Client) -> Self {
+        let first: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+        let f = first.clone();
+        let task = tokio::spawn(async move {
+            let stream = watcher::watcher(Api::<Service>::all(client), watcher::Config::default());
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                let obj = match ev {
+                    Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => o,
+                    _ => continue,
+                };
+                let has_ingress = obj
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.load_balancer.as_ref())
+                    .and_then(|l| l.ingress.as_ref())
+                    .is_some_and(|i| !i.is_empty());
+                if has_ingress && let Some(name) = obj.metadata.name.clone() {
+                    f.lock().entry(name).or_insert_with(Instant::now);
+                }
+            }
+        });
+        Tracker { first, task }
+    }
+
+    fn count(&self) -> usize {
+        self.first.lock().len()
+    }
+
+    fn latencies(&self, created: &HashMap<String, Instant>) -> Vec<f64> {
+        let first = self.first.lock();
+        created
+            .iter()
+            .filter_map(|(n, c)| {
+                first
+                    .get(n)
+                    .map(|f| f.saturating_duration_since(*c).as_secs_f64())
+            })
+            .collect()
+    }
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn initialized(n: &Node) -> bool {
+    !has_taint(n, TAINT_UNINITIALIZED)
+        && n.spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .is_some_and(|p| !p.is_empty())
+}
+
+fn network_ready(n: &Node) -> bool {
+    condition_status(n, "NetworkUnavailable") == ConditionStatus::False
+}
+
+fn spinner(msg: &str) -> ProgressBar {
+    if std::io::stderr().is_terminal() {
+        let pb = ProgressBar::new_spinner();
+        pb.set_style(
+            ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        pb.set_message(msg.to_string());
+        pb.enable_steady_tick(Duration::from_millis(120));
+        pb
+    } else {
+        eprintln!("bench: {msg}");
+        ProgressBar::hidden()
+    }
+}
+
+/// Registers nodes `range` concurrently; returns each node's creation instant.
+async fn add_nodes(
+    cluster: &SimCluster,
+    range: std::ops::Range<u32>,
+) -> anyhow::Result<HashMap<String, Instant>> {
+    let results: Vec<anyhow::Result<(String, Instant)>> = futures::stream::iter(range)
+        .map(|i| async move {
+            let t = Instant::now();
+            let name = cluster.add_node(i).await?;
+            Ok((name, t))
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+async fn add_services(
+    cluster: &SimCluster,
+    prefix: &str,
+    n: u32,
+) -> anyhow::Result<HashMap<String, Instant>> {
+    let results: Vec<anyhow::Result<(String, Instant)>> = futures::stream::iter(0..n)
+        .map(|i| async move {
+            let name = format!("{prefix}-{i}");
+            let t = Instant::now();
+            cluster.add_service(&name).await?;
+            Ok((name, t))
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+fn api_stats(env: &Env, nodes: u32, r: &mut ScenarioResult) {
+    if env.cluster.kube.is_some() && nodes > 0 {
+        r.api_node_writes_per_node =
+            Some(env.cluster.ccm_writes(Some("nodes")) as f64 / f64::from(nodes));
+        r.api_writes_per_node = Some(env.cluster.ccm_writes(None) as f64 / f64::from(nodes));
+    }
+    r.api_requests = env.cluster.ccm_requests();
+    r.cloud_calls = env.cloud_calls();
+}
+
+async fn burst(
+    opts: &BenchOptions,
+    timeline: &mut Vec<(f64, usize)>,
+) -> anyhow::Result<ScenarioResult> {
+    let pb = spinner(&format!("burst: {} nodes register at once", opts.nodes));
+    let started = Instant::now();
+    let env = Env::start(opts, opts.fault_rate, &[]).await?;
+    let client = env.cluster.user_client();
+    let init = Tracker::nodes(client.clone(), initialized);
+    let t0 = Instant::now();
+    let n = opts.nodes as usize;
+    let (created, sampled) = tokio::join!(add_nodes(&env.cluster, 0..opts.nodes), async {
+        let mut routes_at = None;
+        let mut tl = Vec::new();
+        let deadline = Instant::now() + opts.timeout.0;
+        while Instant::now() < deadline {
+            tl.push((t0.elapsed().as_secs_f64(), init.count()));
+            if routes_at.is_none() && env.cluster.cloud.routes().len() >= n {
+                routes_at = Some(t0.elapsed().as_secs_f64());
+            }
+            if routes_at.is_some() && init.count() >= n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (routes_at, tl)
+    });
+    let created = created?;
+    let (routes_at, tl) = sampled;
+    *timeline = tl;
+    let converged = wait_until(opts.timeout.0, || async {
+        let s = env.cluster.state().await?;
+        Ok(s.initialized == n && s.network_ready == n && s.routes == n)
+    })
+    .await?;
+    let mut r = ScenarioResult {
+        scenario: "burst".into(),
+        converged,
+        nodes: opts.nodes,
+        time_to_initialized: Some(percentiles(init.latencies(&created))),
+        all_routes_seconds: routes_at,
+        ..Default::default()
+    };
+    api_stats(&env, opts.nodes, &mut r);
+    r.usage = env.usage();
+    env.stop().await;
+    r.wall_seconds = started.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    Ok(r)
+}
+
+async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
+    let started = Instant::now();
+    let mut r = ScenarioResult {
+        scenario: "idle".into(),
+        nodes: opts.nodes,
+        converged: true,
+        ..Default::default()
+    };
+    for (mode, gate) in [("watch", "true"), ("interval", "false")] {
+        let pb = spinner(&format!(
+            "idle ({mode} routes): {} nodes, then a {} quiet window",
+            opts.nodes, opts.idle_window
+        ));
+        let extra = vec![format!(
+            "--feature-gates=CloudControllerManagerWatchBasedRoutesReconciliation={gate}"
+        )];
+        let env = Env::start(opts, 0.0, &extra).await?;
+        let n = opts.nodes as usize;
+        add_nodes(&env.cluster, 0..opts.nodes).await?;
+        let ok = wait_until(opts.timeout.0, || async {
+            let s = env.cluster.state().await?;
+            Ok(s.initialized == n && s.network_ready == n && s.routes == n)
+        })
+        .await?;
+        r.converged &= ok;
+        // Let trailing work (events, the last sync) finish before the window starts.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        env.cluster.cloud.reset_calls();
+        if let Some(k) = &env.cluster.kube {
+            k.reset_requests();
+        }
+        let syncs_before = env.metric("route_controller_route_sync_total").await;
+        let window = opts.idle_window.0;
+        let t0 = Instant::now();
+        let mut timeline = Vec::new();
+        while t0.elapsed() < window {
+            timeline.push((t0.elapsed().as_secs_f64(), env.cluster.cloud.total_calls()));
+            tokio::time::sleep(Duration::from_secs(1).min(window)).await;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        timeline.push((secs, env.cluster.cloud.total_calls()));
+        let per_hour = |n: u64| n as f64 * 3600.0 / secs;
+        let requests = env.cluster.ccm_requests();
+        let lease: u64 = requests
+            .iter()
+            .filter(|(k, _)| k.contains("leases"))
+            .map(|(_, v)| v)
+            .sum();
+        let other: u64 = requests
+            .iter()
+            .filter(|(k, _)| !k.contains("leases"))
+            .map(|(_, v)| v)
+            .sum();
+        let syncs = env
+            .metric("route_controller_route_sync_total")
+            .await
+            .saturating_sub(syncs_before);
+        r.idle.push(IdleResult {
+            route_mode: mode.into(),
+            window_seconds: secs,
+            cloud_calls_per_hour: per_hour(env.cluster.cloud.total_calls()),
+            api_requests_per_hour: per_hour(other),
+            lease_requests_per_hour: per_hour(lease),
+            route_syncs: syncs,
+            timeline,
+        });
+        r.usage = env.usage();
+        env.stop().await;
+        pb.finish_and_clear();
+    }
+    r.wall_seconds = started.elapsed().as_secs_f64();
+    Ok(r)
+}
+
+async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
+    let pb = spinner(&format!(
+        "services: {} LoadBalancer Services at once",
+        opts.services
+    ));
+    let started = Instant::now();
+    let env = Env::start(opts, opts.fault_rate, &[]).await?;
+    let n = opts.nodes as usize;
+    add_nodes(&env.cluster, 0..opts.nodes).await?;
+    let mut converged = wait_until(opts.timeout.0, || async {
+        Ok(env.cluster.state().await?.initialized == n)
+    })
+    .await?;
+    let tracker = Tracker::services(env.cluster.user_client());
+    let t0 = Instant::now();
+    let created = add_services(&env.cluster, "lb", opts.services).await?;
+    let m = opts.services as usize;
+    let all = wait_until(opts.timeout.0, || async { Ok(tracker.count() >= m) }).await?;
+    let all_ingress = t0.elapsed().as_secs_f64();
+    converged &= all;
+    let updates_before = env
+        .cluster
+        .cloud
+        .call_count(ccm_cloud::op::UPDATE_LOAD_BALANCER);
+    let t1 = Instant::now();
+    env.cluster.add_node(opts.nodes).await?;
+    let joined = wait_until(opts.timeout.0, || async {
+        let lbs = env.cluster.cloud.load_balancers();
+        Ok(lbs.len() == m && lbs.iter().all(|lb| lb.hosts.len() == n + 1))
+    })
+    .await?;
+    converged &= joined;
+    let mut r = ScenarioResult {
+        scenario: "services".into(),
+        converged,
+        nodes: opts.nodes,
+        services: opts.services,
+        time_to_ingress: Some(percentiles(tracker.latencies(&created))),
+        all_ingress_seconds: Some(all_ingress),
+        node_join_lb_update_seconds: Some(t1.elapsed().as_secs_f64()),
+        node_join_lb_updates: Some(
+            env.cluster
+                .cloud
+                .call_count(ccm_cloud::op::UPDATE_LOAD_BALANCER)
+                - updates_before,
+        ),
+        ..Default::default()
+    };
+    api_stats(&env, 0, &mut r);
+    r.usage = env.usage();
+    env.stop().await;
+    r.wall_seconds = started.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    Ok(r)
+}
+
+async fn churn(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
+    let fault = opts.fault_rate.max(0.1);
+    let pb = spinner(&format!(
+        "churn: {} of changes at {}/s with {:.0}% cloud faults",
+        opts.churn_duration,
+        opts.churn_rate,
+        fault * 100.0
+    ));
+    let started = Instant::now();
+    let env = Env::start(opts, fault, &[]).await?;
+    let base_nodes = opts.nodes.min(50);
+    add_nodes(&env.cluster, 0..base_nodes).await?;
+    let mut live_nodes: Vec<u32> = (0..base_nodes).collect();
+    let mut next_node = base_nodes;
+    let mut live_svcs: Vec<u32> = Vec::new();
+    let mut next_svc = 0u32;
+    let mut ops = 0u64;
+    let period = Duration::from_secs_f64(1.0 / opts.churn_rate.max(0.1));
+    let t0 = Instant::now();
+    while t0.elapsed() < opts.churn_duration.0 {
+        let roll: u8 = rand::random::<u8>() % 4;
+        let res = match roll {
+            0 => {
+                next_svc += 1;
+                live_svcs.push(next_svc);
+                env.cluster.add_service(&format!("churn-{next_svc}")).await
+            }
+            1 if !live_svcs.is_empty() => {
+                let i = rand::random::<u32>() as usize % live_svcs.len();
+                let s = live_svcs.swap_remove(i);
+                env.cluster.delete_service(&format!("churn-{s}")).await
+            }
+            2 => {
+                next_node += 1;
+                live_nodes.push(next_node);
+                env.cluster.add_node(next_node).await.map(|_| ())
+            }
+            _ if live_nodes.len() > 2 => {
+                let i = rand::random::<u32>() as usize % live_nodes.len();
+                let nidx = live_nodes.swap_remove(i);
+                let name = format!("node-{nidx:05}");
+                match env.cluster.terminate_node(&name).await {
+                    Ok(()) => env.cluster.delete_node(&name).await,
+                    Err(e) => Err(e),
+                }
+            }
+            _ => Ok(()),
+        };
+        if let Err(e) = res {
+            tracing::warn!(error = %e, "churn step failed");
+        }
+        ops += 1;
+        tokio::time::sleep(period).await;
+    }
+    let churn_end = Instant::now();
+    let n = live_nodes.len();
+    let m = live_svcs.len();
+    let converged = wait_until(opts.timeout.0, || async {
+        let s = env.cluster.state().await?;
+        Ok(s.nodes == n
+            && s.initialized == n
+            && s.routes == n
+            && s.lb_services == m
+            && s.with_ingress == m
+            && s.cloud_lbs == m)
+    })
+    .await?;
+    let lag = churn_end.elapsed().as_secs_f64();
+    // Leaks, counted against what should exist.
+    let live_svc_names: std::collections::BTreeSet<String> =
+        live_svcs.iter().map(|s| format!("churn-{s}")).collect();
+    let lbs = env.cluster.cloud.load_balancers();
+    let leaked_lbs = lbs
+        .iter()
+        .filter(|lb| !live_svc_names.contains(&lb.service_name))
+        .count();
+    let missing = live_svc_names
+        .iter()
+        .filter(|n| !lbs.iter().any(|lb| &&lb.service_name == n))
+        .count();
+    let live_node_names: std::collections::BTreeSet<String> =
+        live_nodes.iter().map(|i| format!("node-{i:05}")).collect();
+    let leaked_routes = env
+        .cluster
+        .cloud
+        .routes()
+        .iter()
+        .filter(|r| !live_node_names.contains(&r.target_node))
+        .count();
+    let mut r = ScenarioResult {
+        scenario: "churn".into(),
+        converged,
+        nodes: n as u32,
+        services: m as u32,
+        churn_convergence_lag_seconds: Some(lag),
+        leaked_load_balancers: Some(leaked_lbs),
+        missing_load_balancers: Some(missing),
+        leaked_routes: Some(leaked_routes),
+        churn_operations: Some(ops),
+        ..Default::default()
+    };
+    api_stats(&env, 0, &mut r);
+    r.usage = env.usage();
+    env.stop().await;
+    r.wall_seconds = started.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    Ok(r)
+}
+
+async fn memory(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
+    let pb = spinner(&format!(
+        "memory: {} nodes + {} Services cached",
+        opts.memory_nodes, opts.memory_services
+    ));
+    let started = Instant::now();
+    let env = Env::start(opts, 0.0, &[]).await?;
+    let (nodes, svcs) = tokio::join!(
+        add_nodes(&env.cluster, 0..opts.memory_nodes),
+        add_cluster_ip_services(&env.cluster, opts.memory_services)
+    );
+    nodes?;
+    svcs?;
+    let n = opts.memory_nodes as usize;
+    let converged = wait_until(opts.timeout.0, || async {
+        let s = env.cluster.state().await?;
+        Ok(s.initialized == n && s.routes == n && s.network_ready == n)
+    })
+    .await?;
+    // Steady state: let caches settle, then read.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut r = ScenarioResult {
+        scenario: "memory".into(),
+        converged,
+        nodes: opts.memory_nodes,
+        services: opts.memory_services,
+        ..Default::default()
+    };
+    r.usage = env.usage();
+    api_stats(&env, opts.memory_nodes, &mut r);
+    env.stop().await;
+    r.wall_seconds = started.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    Ok(r)
+}
+
+async fn add_cluster_ip_services(cluster: &SimCluster, n: u32) -> anyhow::Result<()> {
+    let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..n)
+        .map(|i| async move { cluster.add_cluster_ip_service(&format!("cip-{i}")).await })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+fn print_table(results: &[ScenarioResult]) {
+    let f = |v: Option<f64>| v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "—".into());
+    for r in results {
+        println!(
+            "\n== {} ({}; {:.0}s)",
+            r.scenario,
+            if r.converged {
+                "converged"
+            } else {
+                "NOT converged"
+            },
+            r.wall_seconds
+        );
+        if let Some(p) = r.time_to_initialized {
+            println!(
+                "  time to initialized     p50 {:.2}s  p99 {:.2}s  max {:.2}s",
+                p.p50, p.p99, p.max
+            );
+        }
+        if r.all_routes_seconds.is_some() {
+            println!("  all routes              {}s", f(r.all_routes_seconds));
+        }
+        if let Some(p) = r.time_to_ingress {
+            println!(
+                "  time to ingress         p50 {:.3}s  p99 {:.3}s  max {:.3}s (all {}s)",
+                p.p50,
+                p.p99,
+                p.max,
+                f(r.all_ingress_seconds)
+            );
+        }
+        if r.node_join_lb_update_seconds.is_some() {
+            println!(
+                "  node join → LBs updated {}s with {} UpdateLoadBalancer calls",
+                f(r.node_join_lb_update_seconds),
+                r.node_join_lb_updates.unwrap_or(0)
+            );
+        }
+        if r.api_writes_per_node.is_some() {
+            println!(
+                "  API writes per node     {} to nodes, {} in total (incl. events)",
+                f(r.api_node_writes_per_node),
+                f(r.api_writes_per_node)
+            );
+        }
+        for i in &r.idle {
+            println!(
+                "  idle [{:<8}] cloud calls/h {:>8.1}  API requests/h {:>8.1} (+{:.0} lease)  route syncs {}",
+                i.route_mode,
+                i.cloud_calls_per_hour,
+                i.api_requests_per_hour,
+                i.lease_requests_per_hour,
+                i.route_syncs
+            );
+        }
+        if let Some(lag) = r.churn_convergence_lag_seconds {
+            println!(
+                "  churn {} ops; converged {:.2}s after; leaked LBs {}, missing LBs {}, leaked routes {}",
+                r.churn_operations.unwrap_or(0),
+                lag,
+                r.leaked_load_balancers.unwrap_or(0),
+                r.missing_load_balancers.unwrap_or(0),
+                r.leaked_routes.unwrap_or(0)
+            );
+        }
+        if !r.cloud_calls.is_empty() {
+            let total: u64 = r.cloud_calls.values().sum();
+            let by: Vec<String> = r
+                .cloud_calls
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            println!("  cloud calls             {total}: {}", by.join(", "));
+        }
+        println!(
+            "  CCM                     peak RSS {:.1} MB, RSS {:.1} MB, CPU {:.2}s",
+            r.usage.peak_rss_mb, r.usage.rss_mb, r.usage.cpu_seconds
+        );
+    }
+}
+
+/// Runs the selected scenarios.
+pub async fn run(opts: BenchOptions) -> anyhow::Result<std::process::ExitCode> {
+    let mut scenarios = opts.scenarios.clone();
+    if scenarios.is_empty() {
+        scenarios = vec![
+            Scenario::Burst,
+            Scenario::Idle,
+            Scenario::Services,
+            Scenario::Churn,
+            Scenario::Memory,
+        ];
+    }
+    let mut results = Vec::new();
+    let mut burst_timeline = Vec::new();
+    for s in scenarios {
+        let r = match s {
+            Scenario::Burst => burst(&opts, &mut burst_timeline).await,
+            Scenario::Idle => idle(&opts).await,
+            Scenario::Services => services(&opts).await,
+            Scenario::Churn => churn(&opts).await,
+            Scenario::Memory => memory(&opts).await,
+        }
+        .with_context(|| format!("scenario {s:?}"))?;
+        results.push(r);
+    }
+    print_table(&results);
+    if let Some(path) = &opts.json {
+        let doc = json!({
+            "schema": 1,
+            "cloud_latency_ms": opts.cloud_latency.0.as_millis() as u64,
+            "machine": machine(),
+            "scenarios": results,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("--json {}", path.display()))?;
+    }
+    if let Some(dir) = &opts.plot {
+        std::fs::create_dir_all(dir)?;
+        crate::plot::burst(
+            &dir.join("burst-initialized.svg"),
+            &burst_timeline,
+            opts.nodes,
+        )?;
+        if let Some(idle) = results.iter().find(|r| r.scenario == "idle") {
+            crate::plot::idle(&dir.join("idle-cloud-calls.svg"), &idle.idle)?;
+        }
+    }
+    Ok(if results.iter().all(|r| r.converged) {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    })
+}
+
+fn machine() -> serde_json::Value {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| s.lines().next().map(|l| l.to_string()))
+        .unwrap_or_default();
+    json!({"cpus": cpus, "memory": mem.trim()})
+}
