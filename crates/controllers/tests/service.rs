@@ -504,7 +504,18 @@ async fn scale_200_services_converge() {
     env.cloud
         .set_latency("*", Latency::from_millis(20, 10))
         .expect("latency");
-    let ctl = start(&env, config());
+    // SERVICE_SCALE_WORKERS=1 measures upstream's default for comparison.
+    let workers = std::env::var("SERVICE_SCALE_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let ctl = start(
+        &env,
+        ServiceConfig {
+            concurrent_service_syncs: workers,
+            ..config()
+        },
+    );
     let started = Instant::now();
     let api = env.services();
     futures::future::join_all((0..200).map(|i| {
@@ -558,7 +569,7 @@ async fn scale_200_services_converge() {
         .kube
         .count_requests(|k| k.client == AGENT && k.resource == "services" && k.verb.is_write());
     println!(
-        "SCALE 200 services / 20 nodes / cloud latency 20±10ms / 10 workers: converged in {elapsed:?}; cloud calls {calls:?}; API writes {writes} (services {svc_writes}, rest events)"
+        "SCALE 200 services / 20 nodes / cloud latency 20±10ms / {workers} workers: converged in {elapsed:?}; cloud calls {calls:?}; API writes {writes} (services {svc_writes}, rest events)"
     );
     assert_eq!(
         calls[op::ENSURE_LOAD_BALANCER],

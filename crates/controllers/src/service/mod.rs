@@ -216,6 +216,11 @@ struct Inner {
     queue: WorkQueue<String>,
     node_queue: WorkQueue<String>,
     state: Mutex<HashMap<String, KeyState>>,
+    /// Key → UID of Services whose status the delete path cleared. Outlives the key's
+    /// [`KeyState`] (which a successful delete removes) so that a following ensure does not
+    /// trust a cache still showing the ingress from before the clear. Dropped when the Service
+    /// is deleted or its status is written again.
+    status_cleared: Mutex<HashMap<String, String>>,
     locks: KeyLocks,
     metrics: Metrics,
     /// Node syncs and drift checks in progress (for [`ServiceHandle::pending`]).
@@ -294,6 +299,7 @@ impl ServiceController {
                 queue,
                 node_queue,
                 state: Mutex::default(),
+                status_cleared: Mutex::default(),
                 locks: KeyLocks::default(),
                 metrics: Metrics::new(registry),
                 busy: AtomicUsize::new(0),
@@ -358,6 +364,11 @@ impl Inner {
         mut rx: tokio::sync::mpsc::UnboundedReceiver<crate::informer::Change<Service>>,
     ) {
         while let Some(ch) = rx.recv().await {
+            if ch.new.is_none()
+                && let Some(old) = &ch.old
+            {
+                self.status_cleared.lock().remove(&object_key(&**old));
+            }
             if should_enqueue_service(ch.old.as_deref(), ch.new.as_deref()) {
                 let Some(obj) = ch.new.as_ref().or(ch.old.as_ref()) else {
                     continue;
@@ -677,10 +688,13 @@ impl Inner {
             .get(&key)
             .filter(|s| s.cached.metadata.uid == svc.metadata.uid)
             .and_then(|s| s.written_status.clone());
+        let uid = svc.metadata.uid.clone().unwrap_or_default();
+        let cleared = self.status_cleared.lock().get(&key) == Some(&uid);
         let unchanged = ingress_equal(previous, new.as_ref())
             && last_written
                 .as_ref()
-                .is_none_or(|w| ingress_equal(w.as_ref(), new.as_ref()));
+                .is_none_or(|w| ingress_equal(w.as_ref(), new.as_ref()))
+            && !(cleared && new.is_some());
         if unchanged {
             return Ok(());
         }
@@ -696,6 +710,11 @@ impl Inner {
             .await
         {
             Ok(_) => {
+                if new.is_some() {
+                    self.status_cleared.lock().remove(&key);
+                } else {
+                    self.status_cleared.lock().insert(key.clone(), uid);
+                }
                 if let Some(s) = self.state.lock().get_mut(&key)
                     && s.cached.metadata.uid == svc.metadata.uid
                 {
