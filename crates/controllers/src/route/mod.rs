@@ -58,7 +58,7 @@ pub const QUEUE_NAME: &str = "Routes";
 /// How many condition patches are in flight at once (API server writes, not cloud calls).
 const CONDITION_PATCH_CONCURRENCY: usize = 16;
 /// The single key of the watch-mode queue: every sync is a full reconcile.
-const KEY: &str = "routes";
+const KEY: () = ();
 
 /// When syncs run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,7 +324,7 @@ struct HandleInner {
     counts: Mutex<BTreeMap<(SyncTrigger, SyncOutcome), u64>>,
     routed: Mutex<Option<BTreeSet<String>>>,
     running: AtomicUsize,
-    queue: Option<WorkQueue<&'static str>>,
+    queue: Option<WorkQueue<()>>,
 }
 
 /// A cheap, cloneable view of the controller for tests, `ccm demo` and the node controller.
@@ -388,9 +388,9 @@ impl Reasons {
 }
 
 /// One cloud route call of a sync.
-enum Op<'a> {
-    Delete(&'a ccm_cloud::Route),
-    Create(&'a RouteCreate),
+enum Op {
+    Delete(ccm_cloud::Route),
+    Create(RouteCreate),
 }
 
 /// How one cloud route call ended; a failed create carries its (node, CIDR).
@@ -710,9 +710,9 @@ impl RouteController {
         done: &mut Executed,
         managed: &mut i64,
     ) -> HashSet<(String, String)> {
-        let deletes = plan.deletes.iter().map(Op::Delete);
-        let creates = plan.creates.iter().map(Op::Create);
-        let phases: Vec<Vec<Op<'_>>> = if plan.deletes_before_creates {
+        let deletes = plan.deletes.iter().cloned().map(Op::Delete);
+        let creates = plan.creates.iter().cloned().map(Op::Create);
+        let phases: Vec<Vec<Op>> = if plan.deletes_before_creates {
             vec![deletes.collect(), creates.collect()]
         } else {
             vec![deletes.chain(creates).collect()]
@@ -757,11 +757,11 @@ impl RouteController {
     }
 
     /// One cloud call, logged (and a `FailedToCreateRoute` event for a failed create).
-    async fn execute_op(&self, op: Op<'_>) -> OpResult {
+    async fn execute_op(&self, op: Op) -> OpResult {
         let cluster = self.shared.cluster_name.as_str();
         let start = Instant::now();
         match op {
-            Op::Delete(r) => match self.routes.delete_route(cluster, r).await {
+            Op::Delete(r) => match self.routes.delete_route(cluster, &r).await {
                 Ok(()) => {
                     tracing::info!(route = %r.name, cidr = %r.destination_cidr, "deleted route");
                     OpResult::Deleted
@@ -783,7 +783,7 @@ impl RouteController {
                     OpResult::Created
                 }
                 Err(e) => {
-                    self.create_failed(c, start.elapsed(), &e);
+                    self.create_failed(&c, start.elapsed(), &e);
                     OpResult::CreateFailed((
                         c.route.target_node.clone(),
                         c.route.destination_cidr.clone(),
@@ -932,6 +932,14 @@ mod tests {
             &a,
             &mk("10.244.1.0/24", "10.0.0.2", "2")
         )));
+    }
+
+    /// `run` must be spawnable: a borrowed item inside a stream combinator once made the
+    /// future `!Send` for only some lifetimes, which surfaces far away, at `tokio::spawn`.
+    #[allow(dead_code)]
+    fn run_is_send(c: RouteController, t: CancellationToken) {
+        fn is_send<T: Send>(_: T) {}
+        is_send(c.run(t));
     }
 
     #[test]

@@ -1,0 +1,557 @@
+//! Route controller against kube-sim (real HTTP) and the simulated cloud.
+//!
+//! No timed assertions: every wait polls a condition (20 ms) with a generous timeout. Periods
+//! are configured short (200 ms) instead of sleeping through upstream's 10 s. The only fixed
+//! waits are the observation windows of the announcement example, where what is asserted is
+//! what *did not* happen (watch mode: zero syncs) or a loose lower bound (interval mode).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ccm_cloud::{CloudMetrics, CloudProvider, MeterOptions, Route, Routes, metered, op};
+use ccm_controllers::queue::Backoff;
+use ccm_controllers::route::{
+    REASON_FAILED_TO_CREATE_ROUTE, RouteConfig, RouteController, RouteHandle, RouteMode,
+    SyncOutcome, SyncTrigger, parse_cluster_cidrs,
+};
+use ccm_controllers::{Shared, StartError};
+use ccm_kube_sim::{Config as KubeConfig, KubeSim, Verb};
+use ccm_provider_sim::{InstanceSpec, SimCloud, SimRoute};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const CLUSTER: &str = "test-cluster";
+const AGENT: &str = "route-controller";
+const TIMEOUT: Duration = Duration::from_secs(90);
+const PERIOD: Duration = Duration::from_millis(200);
+
+struct Env {
+    kube: KubeSim,
+    client: kube::Client,
+    cloud: SimCloud,
+    metrics: CloudMetrics,
+    provider: Arc<dyn CloudProvider>,
+}
+
+impl Env {
+    async fn new(seed: u64) -> Env {
+        let kube = KubeSim::start(KubeConfig::default())
+            .await
+            .expect("kube-sim");
+        let client = kube.client_with_user_agent(AGENT).expect("client");
+        let cloud = SimCloud::seeded(seed);
+        let metrics = CloudMetrics::default();
+        let provider = metered(cloud.provider(), metrics.clone(), MeterOptions::default());
+        Env {
+            kube,
+            client,
+            cloud,
+            metrics,
+            provider,
+        }
+    }
+
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    /// A cloud instance and its Node, with pod CIDRs set at creation (one watch event).
+    async fn add_node(&self, name: &str, pod_cidrs: &[&str]) {
+        self.cloud.add_instance(InstanceSpec::new(name));
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"podCIDRs": pod_cidrs, "providerID": format!("sim://{name}")},
+        }))
+        .expect("node");
+        self.nodes()
+            .create(&PostParams::default(), &node)
+            .await
+            .expect("create node");
+    }
+
+    fn routes(&self) -> Vec<SimRoute> {
+        self.cloud
+            .routes()
+            .into_iter()
+            .filter(|r| r.cluster == CLUSTER)
+            .collect()
+    }
+
+    fn has_route(&self, node: &str, cidr: &str) -> bool {
+        self.routes()
+            .iter()
+            .any(|r| r.target_node == node && r.destination_cidr == cidr)
+    }
+
+    /// Status patches of Nodes by the route controller (its only Node writes).
+    fn condition_writes(&self) -> u64 {
+        self.kube.count_requests(|k| {
+            k.client == AGENT
+                && k.verb == Verb::Patch
+                && k.resource == "nodes"
+                && k.subresource == "status"
+                && (200..300).contains(&k.code)
+        })
+    }
+
+    async fn network_unavailable(&self, node: &str) -> Option<(String, String)> {
+        let n = self.nodes().get_opt(node).await.expect("get node")?;
+        n.status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "NetworkUnavailable")
+            .map(|c| (c.status, c.reason.unwrap_or_default()))
+    }
+
+    async fn routed(&self, node: &str) -> bool {
+        self.network_unavailable(node).await == Some(("False".into(), "RouteCreated".into()))
+    }
+}
+
+fn config(mode: RouteMode) -> RouteConfig {
+    RouteConfig {
+        cluster_cidrs: parse_cluster_cidrs("10.244.0.0/16").expect("cidr"),
+        mode,
+        reconciliation_period: PERIOD,
+        min_sync_interval: PERIOD,
+        resync_period: Duration::from_secs(3600),
+        retry_backoff: Backoff {
+            base: Duration::from_millis(50),
+            max: Duration::from_secs(1),
+        },
+        ..RouteConfig::default()
+    }
+}
+
+struct Running {
+    handle: RouteHandle,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+    registry: Registry,
+}
+
+impl Running {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.expect("controller task");
+    }
+
+    fn metrics_text(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("encode");
+        out
+    }
+
+    fn syncs(&self) -> u64 {
+        self.handle.syncs().total()
+    }
+}
+
+/// A controller with its own Shared (fresh caches), as a new process would have.
+fn start(env: &Env, config: RouteConfig) -> Running {
+    let shared = Shared::new(env.provider.clone(), CLUSTER);
+    let shutdown = CancellationToken::new();
+    shared.start_informers(env.client.clone(), shutdown.clone());
+    let mut registry = Registry::default();
+    let controller = RouteController::new(shared, env.client.clone(), config, &mut registry)
+        .expect("controller starts");
+    let handle = controller.handle();
+    let task = tokio::spawn(controller.run(shutdown.clone()));
+    Running {
+        handle,
+        shutdown,
+        task,
+        registry,
+    }
+}
+
+async fn wait_for<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until every listed node has its route and `RouteCreated`, and the controller is idle.
+async fn wait_converged(env: &Env, run: &Running, nodes: &[(&str, &str)]) {
+    wait_for("routes, conditions and an idle controller", || async {
+        for (node, cidr) in nodes {
+            if !env.has_route(node, cidr) || !env.routed(node).await {
+                return false;
+            }
+        }
+        run.handle.pending() == 0
+    })
+    .await;
+}
+
+fn cidr(i: usize) -> String {
+    format!("10.244.{}.{}/26", i / 4, (i % 4) * 64)
+}
+
+/// The Kubernetes v1.36 announcement's example: a stable cluster, then one node joins.
+/// Returns (startup syncs, syncs during the stable window, syncs caused by the join).
+async fn announcement(mode: RouteMode, window: Duration) -> (u64, u64, u64) {
+    let env = Env::new(1).await;
+    let nodes = [
+        ("n1", "10.244.1.0/24"),
+        ("n2", "10.244.2.0/24"),
+        ("n3", "10.244.3.0/24"),
+    ];
+    for (n, c) in nodes {
+        env.add_node(n, &[c]).await;
+    }
+    let run = start(&env, config(mode));
+    wait_converged(&env, &run, &nodes).await;
+    let s0 = run.syncs();
+
+    // The stable window: nothing changes in the cluster.
+    tokio::time::sleep(window).await;
+    let s1 = run.syncs();
+
+    env.add_node("n4", &["10.244.4.0/24"]).await;
+    wait_converged(&env, &run, &[("n4", "10.244.4.0/24")]).await;
+    let s2 = run.syncs();
+    // Each sync lists routes exactly once.
+    assert_eq!(env.metrics.count(op::LIST_ROUTES), s2);
+    run.stop().await;
+    env.kube.shutdown().await;
+    (s0, s1 - s0, s2 - s1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn announcement_example_interval_vs_watch() {
+    let window = PERIOD * 10;
+    let (w_start, w_window, w_join) = announcement(RouteMode::Watch, window).await;
+    let (i_start, i_window, i_join) = announcement(RouteMode::Interval, window).await;
+    println!(
+        "stable window of {window:?} with a {PERIOD:?} period: interval mode {i_window} syncs \
+         (startup {i_start}, join {i_join}); watch mode {w_window} syncs (startup {w_start}, \
+         join {w_join})"
+    );
+    // Watch mode: one startup sync, none while stable, exactly one for the join.
+    assert_eq!(w_start, 1, "watch mode startup");
+    assert_eq!(w_window, 0, "watch mode must not sync a stable cluster");
+    assert_eq!(w_join, 1, "a node join is exactly one sync");
+    // Interval mode syncs every period whatever happens (≈10 here; loose bound: noisy CI).
+    assert!(i_window >= 2, "interval mode synced {i_window} times");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn burst_of_300_nodes_coalesces() {
+    let env = Env::new(2).await;
+    let mut cfg = config(RouteMode::Watch);
+    // A storm limiter long enough that the burst below spans few intervals.
+    cfg.min_sync_interval = Duration::from_secs(2);
+    let run = start(&env, cfg);
+    wait_for("startup sync", || async {
+        run.syncs() == 1 && run.handle.pending() == 0
+    })
+    .await;
+
+    let names: Vec<String> = (0..300).map(|i| format!("burst-{i:03}")).collect();
+    let started = Instant::now();
+    futures::stream::iter(names.iter().enumerate())
+        .map(|(i, name)| {
+            let env = &env;
+            async move { env.add_node(name, &[&cidr(i)]).await }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+    let burst = started.elapsed();
+    wait_for("300 routes", || async { env.routes().len() == 300 }).await;
+    wait_for("idle", || async { run.handle.pending() == 0 }).await;
+    let mut all_routed = true;
+    for (i, name) in names.iter().enumerate() {
+        all_routed &= env.has_route(name, &cidr(i));
+    }
+    assert!(all_routed, "every node has its route");
+    let syncs = run.handle.syncs();
+    let list_calls = env.metrics.count(op::LIST_ROUTES);
+    println!(
+        "300 nodes created in {burst:?}: {} syncs after startup ({} list_routes calls in all, \
+         {} create_route calls)",
+        syncs.total() - 1,
+        list_calls,
+        env.metrics.count(op::CREATE_ROUTE)
+    );
+    assert_eq!(list_calls, syncs.total(), "one ListRoutes per sync");
+    assert_eq!(env.metrics.count(op::CREATE_ROUTE), 300, "no create twice");
+    // ≤ one sync per 2 s interval of the burst, plus the one after it.
+    let bound = 2 + burst.as_secs() / 2;
+    assert!(
+        syncs.total() - 1 <= bound,
+        "{} syncs for a {burst:?} burst",
+        syncs.total() - 1
+    );
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_creates_are_retried_without_node_events() {
+    let env = Env::new(3).await;
+    let run = start(&env, config(RouteMode::Watch));
+    wait_for("startup sync", || async {
+        run.syncs() == 1 && run.handle.pending() == 0
+    })
+    .await;
+    env.cloud.fail_next(op::CREATE_ROUTE, 2).expect("known op");
+    env.add_node("flaky", &["10.244.7.0/24"]).await;
+    wait_converged(&env, &run, &[("flaky", "10.244.7.0/24")]).await;
+
+    let s = run.handle.syncs();
+    assert_eq!(
+        s.get(SyncTrigger::NodeChange, SyncOutcome::Error),
+        1,
+        "{s:?}"
+    );
+    assert_eq!(s.get(SyncTrigger::Retry, SyncOutcome::Error), 1, "{s:?}");
+    assert_eq!(s.get(SyncTrigger::Retry, SyncOutcome::Changed), 1, "{s:?}");
+    assert_eq!(env.metrics.count(op::CREATE_ROUTE), 3);
+    // NoRouteCreated after the first failure, RouteCreated after the success: two writes (a
+    // third only if the cache had not seen the first when the retry ran).
+    let writes = env.condition_writes();
+    assert!((2..=3).contains(&writes), "{writes} condition writes");
+    assert!(run.handle.has_routes("flaky"));
+
+    // The Warning event, with upstream's reason and message.
+    let events: Api<Event> = Api::namespaced(env.client.clone(), "default");
+    let failed_events = || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(REASON_FAILED_TO_CREATE_ROUTE))
+            .collect::<Vec<_>>()
+    };
+    wait_for("FailedToCreateRoute event", || async {
+        !failed_events().await.is_empty()
+    })
+    .await;
+    let found = failed_events().await;
+    let e = &found[0];
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    assert_eq!(e.involved_object.name.as_deref(), Some("flaky"));
+    let msg = e.message.clone().unwrap_or_default();
+    assert!(
+        msg.starts_with("Could not create route ")
+            && msg.contains(" 10.244.7.0/24 for node flaky after "),
+        "{msg}"
+    );
+    let text = run.metrics_text();
+    assert!(
+        text.contains(r#"route_controller_route_sync_total{trigger="retry",outcome="changed"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"route_controller_route_operations_total{op="create",result="error"} 2"#),
+        "{text}"
+    );
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_band_delete_is_repaired_at_resync() {
+    let env = Env::new(4).await;
+    let nodes = [("a", "10.244.1.0/24"), ("b", "10.244.2.0/24")];
+    for (n, c) in nodes {
+        env.add_node(n, &[c]).await;
+    }
+    let mut cfg = config(RouteMode::Watch);
+    cfg.resync_period = Duration::from_millis(500);
+    let run = start(&env, cfg);
+    wait_converged(&env, &run, &nodes).await;
+    let before = run.handle.syncs();
+
+    assert!(env.cloud.delete_route_out_of_band(CLUSTER, "10.244.2.0/24"));
+    wait_for("route re-created", || async {
+        env.has_route("b", "10.244.2.0/24")
+    })
+    .await;
+    let after = run.handle.syncs();
+    assert_eq!(
+        after.by_trigger(SyncTrigger::NodeChange),
+        before.by_trigger(SyncTrigger::NodeChange),
+        "repaired without any node event"
+    );
+    assert!(
+        after.get(SyncTrigger::Resync, SyncOutcome::Changed)
+            > before.get(SyncTrigger::Resync, SyncOutcome::Changed)
+    );
+    // The node's condition never flipped: it was written once, at startup.
+    assert!(env.routed("b").await);
+    assert_eq!(env.condition_writes(), 2);
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_node_loses_its_routes_foreign_routes_untouched() {
+    let env = Env::new(5).await;
+    let nodes = [("a", "10.244.1.0/24"), ("b", "10.244.2.0/24")];
+    for (n, c) in nodes {
+        env.add_node(n, &[c]).await;
+    }
+    // Someone else's routes in the same table: outside the cluster CIDR, one even pointing at
+    // a node of ours, one covering the whole cluster CIDR (neither end inside it).
+    let someone_else = env.cloud.with_actor("someone-else");
+    for cidr in ["192.168.0.0/24", "10.240.0.0/13"] {
+        someone_else
+            .create_route(
+                CLUSTER,
+                "foreign",
+                &Route {
+                    target_node: "a".into(),
+                    destination_cidr: cidr.into(),
+                    ..Route::default()
+                },
+            )
+            .await
+            .expect("foreign route");
+    }
+    let run = start(&env, config(RouteMode::Watch));
+    wait_converged(&env, &run, &nodes).await;
+
+    env.nodes()
+        .delete("b", &DeleteParams::default())
+        .await
+        .expect("delete node");
+    wait_for("b's route deleted", || async {
+        !env.has_route("b", "10.244.2.0/24")
+    })
+    .await;
+    wait_for("idle", || async { run.handle.pending() == 0 }).await;
+    let left: Vec<String> = env
+        .routes()
+        .iter()
+        .map(|r| r.destination_cidr.clone())
+        .collect();
+    assert_eq!(left, ["10.240.0.0/13", "10.244.1.0/24", "192.168.0.0/24"]);
+    assert_eq!(
+        env.metrics.count(op::DELETE_ROUTE),
+        1,
+        "only b's route deleted"
+    );
+    let text = run.metrics_text();
+    assert!(text.contains("route_controller_managed_routes 1"), "{text}");
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_unavailable_written_once_per_node() {
+    let env = Env::new(6).await;
+    let nodes = [
+        ("a", "10.244.1.0/24"),
+        ("b", "10.244.2.0/24"),
+        ("c", "10.244.3.0/24"),
+    ];
+    for (n, c) in nodes {
+        env.add_node(n, &[c]).await;
+    }
+    // Interval mode: a full reconcile every period, the worst case for needless writes.
+    // 500 ms: the cache sees the first writes long before the second sync reads it.
+    let mut cfg = config(RouteMode::Interval);
+    cfg.reconciliation_period = Duration::from_millis(500);
+    let run = start(&env, cfg);
+    wait_converged(&env, &run, &nodes).await;
+    let target = run.syncs() + 5;
+    wait_for("five more syncs", || async { run.syncs() >= target }).await;
+    assert_eq!(env.condition_writes(), 3, "one condition write per node");
+    let s = run.handle.syncs();
+    assert_eq!(s.by_trigger(SyncTrigger::Periodic), s.total());
+    assert!(s.get(SyncTrigger::Periodic, SyncOutcome::Noop) >= 5);
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_node_gets_a_route_per_family() {
+    let env = Env::new(7).await;
+    env.add_node("ds", &["10.244.9.0/24", "fd00:10:0:9::/64"])
+        .await;
+    let mut cfg = config(RouteMode::Watch);
+    cfg.cluster_cidrs = parse_cluster_cidrs("10.244.0.0/16,fd00:10::/56").expect("pair");
+    let run = start(&env, cfg);
+    wait_converged(
+        &env,
+        &run,
+        &[("ds", "10.244.9.0/24"), ("ds", "fd00:10:0:9::/64")],
+    )
+    .await;
+    assert_eq!(env.routes().len(), 2);
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
+/// A provider with no route support.
+struct NoRoutes;
+
+#[async_trait]
+impl CloudProvider for NoRoutes {
+    fn provider_name(&self) -> &str {
+        "none"
+    }
+}
+
+#[tokio::test]
+async fn start_conditions() {
+    let env = Env::new(8).await;
+    let new = |provider: Arc<dyn CloudProvider>, cfg: RouteConfig| {
+        RouteController::new(
+            Shared::new(provider, CLUSTER),
+            env.client.clone(),
+            cfg,
+            &mut Registry::default(),
+        )
+        .err()
+    };
+    let mut off = config(RouteMode::Watch);
+    off.configure_cloud_routes = false;
+    off.cluster_cidrs.clear();
+    assert!(matches!(
+        new(env.provider.clone(), off),
+        Some(StartError::Skipped(_))
+    ));
+    let mut no_cidr = config(RouteMode::Watch);
+    no_cidr.cluster_cidrs.clear();
+    assert!(matches!(
+        new(Arc::new(NoRoutes), no_cidr.clone()),
+        Some(StartError::Skipped(_))
+    ));
+    match new(env.provider.clone(), no_cidr) {
+        Some(StartError::Invalid(msg)) => assert!(msg.starts_with("--cluster-cidr:"), "{msg}"),
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+    let mut same_family = config(RouteMode::Watch);
+    same_family.cluster_cidrs = vec![
+        "10.0.0.0/16".parse().expect("cidr"),
+        "10.1.0.0/16".parse().expect("cidr"),
+    ];
+    assert!(matches!(
+        new(env.provider.clone(), same_family),
+        Some(StartError::Invalid(_))
+    ));
+    env.kube.shutdown().await;
+}
