@@ -176,6 +176,45 @@ impl SyncError {
     }
 }
 
+/// How long call pacing stays on after the last throttled answer.
+const PACING_MEMORY: Duration = Duration::from_secs(10);
+
+/// Client-side reaction to cloud throttling. After a refusal with hint `h`, no call goes out
+/// for `h`, and then calls go out one per `h` (the cloud's own refill interval) until
+/// [`PACING_MEMORY`] passes without another refusal. Without it, every worker would fire at
+/// the end of the pause at once and be refused again: a slow hot loop.
+#[derive(Debug, Default)]
+struct Pacing {
+    interval: Duration,
+    next_slot: Option<Instant>,
+    until: Option<Instant>,
+}
+
+impl Pacing {
+    fn throttled(&mut self, now: Instant, hint: Duration) {
+        let hint = hint.clamp(Duration::from_millis(10), Duration::from_secs(60));
+        self.interval = self.interval.max(hint);
+        let resume = now + hint;
+        self.next_slot = Some(self.next_slot.map_or(resume, |s| s.max(resume)));
+        self.until = Some(now + PACING_MEMORY.max(hint * 2));
+    }
+
+    /// The instant the next call may go out, reserving it; `None`: at once.
+    fn slot(&mut self, now: Instant) -> Option<Instant> {
+        match self.until {
+            Some(until) if until > now => {
+                let slot = self.next_slot.map_or(now, |s| s.max(now));
+                self.next_slot = Some(slot + self.interval);
+                (slot > now).then_some(slot)
+            }
+            _ => {
+                *self = Pacing::default();
+                None
+            }
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Metrics {
     taint_removal_delay: Histogram,
@@ -216,11 +255,13 @@ struct Inner {
     /// One worker gathers a batch at a time, so a burst fills few big batches instead of one
     /// small batch per idle worker.
     gather: tokio::sync::Mutex<()>,
-    /// No cloud call before this instant (set when the cloud throttles us).
-    throttled_until: Mutex<Option<Instant>>,
-    /// Per Node, the resourceVersion of our own status write (the Node is still tainted then):
-    /// its watch event is ours, not news, and must not trigger another cloud lookup.
-    own_writes: Mutex<HashMap<String, String>>,
+    /// Spacing of cloud calls after the cloud throttled us.
+    pacing: Mutex<Pacing>,
+    /// Nodes (name → uid) this controller has initialized but whose untainted version the
+    /// cache has not shown yet. A tainted copy of them in the cache is stale (our own
+    /// intermediate status write, or a lagging watch), not work: looking it up again would cost
+    /// a cloud call and a refused write.
+    initialized: Mutex<HashMap<String, String>>,
     busy: Arc<AtomicUsize>,
 }
 
@@ -288,8 +329,8 @@ impl CloudNodeController {
                 metrics: Metrics::new(registry),
                 batch_max,
                 gather: tokio::sync::Mutex::new(()),
-                throttled_until: Mutex::new(None),
-                own_writes: Mutex::default(),
+                pacing: Mutex::default(),
+                initialized: Mutex::default(),
                 busy: Arc::new(AtomicUsize::new(0)),
             }),
         })
@@ -359,26 +400,32 @@ impl Inner {
             };
             let Some(new) = change.new else {
                 if let Some(old) = change.old {
-                    self.own_writes.lock().remove(&name(&old));
+                    self.initialized.lock().remove(&name(&old));
                 }
                 continue;
             };
             let key = name(&new);
             if has_taint(&new, TAINT_UNINITIALIZED) {
-                let mut own = self.own_writes.lock();
-                if own
-                    .get(&key)
-                    .is_some_and(|rv| new.metadata.resource_version.as_ref() == Some(rv))
-                {
-                    own.remove(&key);
+                if self.is_stale(&new) {
                     continue;
                 }
-                drop(own);
                 self.queue.add(key);
-            } else if !planner::plan_ga_labels(&new).is_empty() {
-                self.queue.add(key);
+            } else {
+                self.initialized.lock().remove(&key);
+                if !planner::plan_ga_labels(&new).is_empty() {
+                    self.queue.add(key);
+                }
             }
         }
+    }
+
+    /// True for a tainted cached copy of a Node this controller has already initialized.
+    fn is_stale(&self, node: &Node) -> bool {
+        let uid = node.metadata.uid.as_deref().unwrap_or_default();
+        self.initialized
+            .lock()
+            .get(&name(node))
+            .is_some_and(|u| u == uid)
     }
 
     /// A new instance may be the one a tainted Node waits for: retry that Node at once instead
@@ -442,6 +489,7 @@ impl Inner {
         for key in keys {
             match self.shared.nodes.get(key) {
                 None => self.queue.forget(key),
+                Some(n) if self.is_stale(&n) => self.queue.forget(key),
                 Some(n) if has_taint(&n, TAINT_UNINITIALIZED) => init.push((*n).clone()),
                 Some(n) => labels.push((*n).clone()),
             }
@@ -473,25 +521,19 @@ impl Inner {
         }
     }
 
+    /// Waits for this call's slot when the cloud has throttled us recently (see [`Pacing`]).
     async fn wait_throttle(&self) {
-        loop {
-            let until = *self.throttled_until.lock();
-            match until {
-                Some(t) if t > Instant::now() => tokio::select! {
-                    _ = tokio::time::sleep_until(t) => {}
-                    _ = self.stop.cancelled() => return,
-                },
-                _ => return,
+        let slot = self.pacing.lock().slot(Instant::now());
+        if let Some(at) = slot {
+            tokio::select! {
+                _ = tokio::time::sleep_until(at) => {}
+                _ = self.stop.cancelled() => {}
             }
         }
     }
 
     fn note_throttle(&self, pause: Duration) {
-        let until = Instant::now() + pause;
-        let mut t = self.throttled_until.lock();
-        if t.is_none_or(|old| old < until) {
-            *t = Some(until);
-        }
+        self.pacing.lock().throttled(Instant::now(), pause);
     }
 
     /// One cloud call for the whole batch, then the writes per Node.
@@ -543,6 +585,19 @@ impl Inner {
         match self.initialize_one(node.clone(), &meta).await {
             Ok(Some(updated)) => {
                 self.queue.forget(&key);
+                if let Some(uid) = &updated.metadata.uid {
+                    // Checked under the lock the feed takes to clear entries, so an entry is
+                    // either never made (cache already current) or cleared when it catches up.
+                    let mut initialized = self.initialized.lock();
+                    if self
+                        .shared
+                        .nodes
+                        .get(&key)
+                        .is_none_or(|cached| has_taint(&cached, TAINT_UNINITIALIZED))
+                    {
+                        initialized.insert(key.clone(), uid.clone());
+                    }
+                }
                 self.recorder.publish(
                     &updated,
                     EventType::Normal,
@@ -606,9 +661,6 @@ impl Inner {
                             self.metrics.taint_removal_delay.observe(s);
                         }
                         return Ok(Some(updated));
-                    }
-                    if let Some(rv) = &updated.metadata.resource_version {
-                        self.own_writes.lock().insert(key.clone(), rv.clone());
                     }
                     node = updated;
                 }
