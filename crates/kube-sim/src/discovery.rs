@@ -110,3 +110,81 @@ pub fn resource_list(group: &str, version: &str) -> Value {
     };
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out})
 }
+
+fn gv_path(group: &str, version: &str) -> String {
+    if group.is_empty() {
+        format!("api/{version}")
+    } else {
+        format!("apis/{group}/{version}")
+    }
+}
+
+/// `/openapi/v3`: the index of per-group-version documents.
+///
+/// Served so that kubectl's field-validation probe finds `fieldValidation` on PATCH and skips
+/// client-side schema validation (which would need the full schema this server does not have).
+pub fn openapi_v3_index() -> Value {
+    let mut paths = serde_json::Map::new();
+    let mut gvs: Vec<(&str, &str)> = vec![("", "v1")];
+    gvs.extend(resources::groups());
+    for (g, v) in gvs {
+        let p = gv_path(g, v);
+        paths.insert(
+            p.clone(),
+            json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash=kube-sim-{KUBE_MINOR}")}),
+        );
+    }
+    json!({ "paths": paths })
+}
+
+/// `/openapi/v3/{api/v1 | apis/g/v}`: PATCH operations tagged with their kinds and the
+/// `fieldValidation` parameter, and no schemas. The request bodies deliberately omit the
+/// strategic-merge content type, so `kubectl apply` computes its patch from its compiled-in
+/// types (which carry the real merge keys) instead of from this schema-less document.
+pub fn openapi_v3_doc(gv: &str) -> Option<Value> {
+    let mut paths = serde_json::Map::new();
+    let mut found = false;
+    for r in RESOURCES.iter() {
+        if gv_path(r.group, r.version) != gv {
+            continue;
+        }
+        found = true;
+        let base = format!("/{gv}");
+        let item = if r.namespaced {
+            format!("{base}/namespaces/{{namespace}}/{}/{{name}}", r.plural)
+        } else {
+            format!("{base}/{}/{{name}}", r.plural)
+        };
+        let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+        let params = json!([
+            {"name": "dryRun", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+            {"name": "fieldManager", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+            {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+        ]);
+        let body = json!({"content": {
+            "application/json-patch+json": {"schema": {"type": "object"}},
+            "application/merge-patch+json": {"schema": {"type": "object"}},
+        }, "required": true});
+        paths.insert(
+            item,
+            json!({
+                "patch": {
+                    "operationId": format!("patch{}", r.kind),
+                    "parameters": params,
+                    "requestBody": body,
+                    "responses": {"200": {"description": "OK"}},
+                    "x-kubernetes-action": "patch",
+                    "x-kubernetes-group-version-kind": gvk,
+                }
+            }),
+        );
+    }
+    found.then(|| {
+        json!({
+            "openapi": "3.0.0",
+            "info": {"title": "Kubernetes", "version": format!("v1.{KUBE_MINOR}.0")},
+            "paths": paths,
+            "components": {"schemas": {}},
+        })
+    })
+}

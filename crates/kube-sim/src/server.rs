@@ -252,6 +252,13 @@ impl Shared {
                 );
             }
             ["apis"] => return json_resp(200, &crate::discovery::api_group_list()),
+            ["openapi", "v3"] => return json_resp(200, &crate::discovery::openapi_v3_index()),
+            ["openapi", "v3", rest @ ..] => {
+                return match crate::discovery::openapi_v3_doc(&rest.join("/")) {
+                    Some(v) => json_resp(200, &v),
+                    None => error_resp(&ApiError::no_route()),
+                };
+            }
             ["api", "v1"] => return json_resp(200, &crate::discovery::resource_list("", "v1")),
             ["apis", g] => {
                 return match crate::discovery::api_group(g) {
