@@ -557,23 +557,23 @@ impl RouteController {
         let mut last_end = Instant::now();
         loop {
             let resync_due = last_end + self.config.resync_period;
-            let key = tokio::select! {
+            tokio::select! {
                 _ = shutdown.cancelled() => break,
-                k = queue.get() => match k { Some(k) => k, None => break },
+                k = queue.get() => if k.is_none() { break },
                 _ = tokio::time::sleep_until(resync_due) => {
                     reasons.lock().resync = true;
                     queue.add(KEY);
                     last_end = Instant::now();
                     continue;
                 }
-            };
+            }
             // Storm limiter: at most one sync start per min_sync_interval. Changes arriving
             // meanwhile mark the (processing) key dirty and fold into the next sync.
             if let Some(started) = last_start {
                 let gate = started + self.config.min_sync_interval;
                 if Instant::now() < gate {
                     tokio::select! {
-                        _ = shutdown.cancelled() => { queue.done(&key); break }
+                        _ = shutdown.cancelled() => { queue.done(&KEY); break }
                         _ = tokio::time::sleep_until(gate) => {}
                     }
                 }
@@ -582,7 +582,7 @@ impl RouteController {
             // arrives during the sync sets its reason again and queues another sync.
             let Some(trigger) = reasons.lock().take() else {
                 // A stale retry: a later sync already succeeded.
-                queue.done(&key);
+                queue.done(&KEY);
                 continue;
             };
             last_start = Some(Instant::now());
@@ -595,7 +595,7 @@ impl RouteController {
             } else {
                 queue.forget(&KEY);
             }
-            queue.done(&key);
+            queue.done(&KEY);
         }
         watcher.abort();
     }
