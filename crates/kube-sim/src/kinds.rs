@@ -209,13 +209,9 @@ pub fn prepare(ctx: &KindCtx, obj: &mut Value, alloc: &mut Allocator) -> Result<
     validate_meta(ctx, obj, &mut errs);
     match ctx.res {
         ids::NODES => node(ctx, obj, &mut errs),
-        ids::SERVICES => {
-            if errs.is_empty() {
-                service(ctx, obj, alloc, &mut errs);
-            }
-        }
-        ids::NAMESPACES => {
-            if ctx.old.is_none() {
+        ids::SERVICES if errs.is_empty() => service(ctx, obj, alloc, &mut errs),
+        ids::NAMESPACES if ctx.old.is_none() => {
+            {
                 let name = obj
                     .pointer("/metadata/name")
                     .and_then(Value::as_str)
@@ -336,19 +332,7 @@ fn node(ctx: &KindCtx, obj: &mut Value, errs: &mut Vec<FieldError>) {
             )),
         }
     }
-    if cidrs.len() > 2 {
-        errs.push(FieldError::invalid(
-            "spec.podCIDRs",
-            &Value::String(
-                cidrs
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .collect::<Vec<_>>()
-                    .join(","),
-            ),
-            "may specify no more than one CIDR for each IP family",
-        ));
-    } else if v4 > 1 || v6 > 1 {
+    if cidrs.len() > 2 || v4 > 1 || v6 > 1 {
         errs.push(FieldError::invalid(
             "spec.podCIDRs",
             &Value::String(

@@ -627,8 +627,8 @@ impl Store {
         }
         if res == ids::NAMESPACES {
             // The namespace controller's cleanup, done at once.
-            for r in 0..RESOURCES.len() {
-                if !RESOURCES[r].namespaced {
+            for (r, d) in RESOURCES.iter().enumerate() {
+                if !d.namespaced {
                     continue;
                 }
                 let keys: Vec<Key> = g.objects[r]
