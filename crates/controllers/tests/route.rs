@@ -306,6 +306,38 @@ async fn burst_of_300_nodes_coalesces() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickle_of_changes_is_rate_limited() {
+    let env = Env::new(9).await;
+    let mut cfg = config(RouteMode::Watch);
+    cfg.min_sync_interval = Duration::from_millis(500);
+    let run = start(&env, cfg);
+    wait_for("startup sync", || async {
+        run.syncs() == 1 && run.handle.pending() == 0
+    })
+    .await;
+    // One node every ~15 ms, one at a time: a steady stream of node_change events.
+    let started = Instant::now();
+    for i in 0..80 {
+        env.add_node(&format!("t-{i:02}"), &[&cidr(i)]).await;
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    let elapsed = started.elapsed();
+    wait_for("80 routes", || async { env.routes().len() == 80 }).await;
+    wait_for("idle", || async { run.handle.pending() == 0 }).await;
+    let syncs = run.syncs() - 1;
+    println!("80 nodes over {elapsed:?} with a 500ms min interval: {syncs} syncs");
+    // At most one sync start per 500 ms while the trickle lasts, plus the one after it.
+    let bound = 2 + (elapsed.as_millis() / 500) as u64;
+    assert!(
+        syncs <= bound,
+        "{syncs} syncs over {elapsed:?} (bound {bound})"
+    );
+    assert_eq!(env.metrics.count(op::LIST_ROUTES), run.syncs());
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_creates_are_retried_without_node_events() {
     let env = Env::new(3).await;
     let run = start(&env, config(RouteMode::Watch));
