@@ -15,9 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use ccm_controllers::nodeutil::{
-    ConditionStatus, TAINT_UNINITIALIZED, condition_status, has_taint,
-};
+use ccm_controllers::nodeutil::{TAINT_UNINITIALIZED, has_taint};
 use ccm_manager::options::GoDuration;
 use ccm_provider_sim::{Latency, SimCloud, SimOptions, SimServer};
 use futures::StreamExt;
@@ -458,10 +456,6 @@ fn initialized(n: &Node) -> bool {
             .as_ref()
             .and_then(|s| s.provider_id.as_deref())
             .is_some_and(|p| !p.is_empty())
-}
-
-fn network_ready(n: &Node) -> bool {
-    condition_status(n, "NetworkUnavailable") == ConditionStatus::False
 }
 
 fn spinner(msg: &str) -> ProgressBar {

@@ -33,7 +33,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the cloud-controller-manager (the default).
-    Run(ccm_manager::options::RunOptions),
+    Run(Box<ccm_manager::options::RunOptions>),
     /// A whole simulated cluster in one process: API server, cloud, kubelets and the CCM.
     Demo(demo::DemoOptions),
     /// Scale benchmark: the CCM under test runs as a child process against kube-sim and the
@@ -46,7 +46,8 @@ enum Command {
 /// Providers compiled into this binary.
 fn providers() -> ccm_cloud::ProviderRegistry {
     let mut registry = ccm_cloud::ProviderRegistry::new();
-    ccm_provider_sim::register(&mut registry);
+    // Invariant: a fresh registry has no "sim" yet, so registering cannot collide.
+    ccm_provider_sim::register(&mut registry).expect("fresh registry");
     registry
 }
 
@@ -64,7 +65,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Some(Command::Run(opts)) => run(opts).await,
+            Some(Command::Run(opts)) => run(*opts).await,
             None => run(cli.run).await,
             Some(Command::Demo(opts)) => {
                 logging::init(0, ccm_manager::options::LogFormat::Text);

@@ -46,7 +46,7 @@ impl std::fmt::Display for GoDuration {
             return write!(f, "0s");
         }
         let total_ms = d.as_millis();
-        if total_ms % 1000 != 0 {
+        if !total_ms.is_multiple_of(1000) {
             return write!(f, "{}ms", total_ms);
         }
         let mut secs = d.as_secs();
@@ -243,7 +243,7 @@ pub struct RunOptions {
 
     /// ccm-rs, watch-based routes: at most one route sync per this interval during a storm of
     /// node changes (a lone change syncs at once).
-    #[arg(long, default_value = "10s", help_heading = "Controllers")]
+    #[arg(long, default_value = "1s", help_heading = "Controllers")]
     pub route_min_sync_interval: GoDuration,
 
     /// ccm-rs, watch-based routes: full reconcile after this long without one, to repair
