@@ -127,7 +127,7 @@ pub enum LogFormat {
 #[command(next_help_heading = "Cloud provider")]
 pub struct RunOptions {
     /// The provider to run (e.g. `sim`). Required.
-    #[arg(long, default_value = "")]
+    #[arg(long, default_value = "", hide_default_value = true)]
     pub cloud_provider: String,
 
     /// Path to the provider's configuration file.
