@@ -266,6 +266,19 @@ async fn start_controllers(
     };
     shared.start_informers(admin.clone(), shutdown.clone());
     {
+        let handles = rt.handles.subscribe();
+        rt.health.add_ready(
+            "controllers-started",
+            Arc::new(move || {
+                if handles.borrow().is_some() {
+                    Ok(())
+                } else {
+                    Err("controllers are starting".to_string())
+                }
+            }),
+        );
+    }
+    {
         let (nodes, services) = (shared.nodes.clone(), shared.services.clone());
         rt.health.add_ready(
             "informer-sync",

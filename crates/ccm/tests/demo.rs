@@ -1,0 +1,138 @@
+//! `ccm demo` as a newcomer runs it, and `ccm run`'s endpoints as Prometheus and kubelet see them.
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[test]
+fn demo_converges_and_writes_a_summary() {
+    let dir = std::env::temp_dir().join(format!("ccm-demo-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let summary = dir.join("summary.json");
+    let kubeconfig = dir.join("kubeconfig");
+    let out = Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args([
+            "demo",
+            "--nodes=8",
+            "--services=3",
+            "--cloud-latency=10ms",
+            "--exit-when-converged",
+        ])
+        .arg(format!("--summary-json={}", summary.display()))
+        .arg(format!("--kubeconfig-out={}", kubeconfig.display()))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("summary"), "{stdout}");
+    assert!(kubeconfig.exists(), "--kubeconfig-out was not written");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("json");
+    assert_eq!(s["converged"], true);
+    assert_eq!(s["nodes"], 8);
+    let st = &s["final_state"];
+    // 8 nodes + 1 joined − 1 terminated.
+    assert_eq!(st["nodes"], 8);
+    assert_eq!(st["initialized"], 8);
+    assert_eq!(st["routes"], 8);
+    assert_eq!(st["shutdown_tainted"], 1);
+    // 3 services − 1 deleted.
+    assert_eq!(st["cloud_lbs"], 2);
+    assert_eq!(st["with_ingress"], 2);
+    assert!(s["cloud_calls"]["instances_metadata"].as_u64().unwrap_or(0) >= 1);
+    assert!(s["route_syncs"].as_u64().unwrap_or(0) >= 1);
+    assert_eq!(s["story"].as_array().map(Vec::len), Some(4));
+    // No per-node cloud lookups: the sim answers batches natively.
+    assert!(s["cloud_calls"].get("instance_metadata").is_none());
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((code, body))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_serves_health_and_upstream_metrics() {
+    let kube = ccm_kube_sim::KubeSim::start(ccm_kube_sim::Config::default())
+        .await
+        .expect("kube-sim");
+    let dir = std::env::temp_dir().join(format!("ccm-serve-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let kubeconfig = dir.join("kubeconfig");
+    kube.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let port = free_port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args([
+            "--cloud-provider=sim",
+            "--cluster-cidr=10.128.0.0/9",
+            "--bind-address=127.0.0.1",
+        ])
+        .arg(format!("--secure-port={port}"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some((200, _)) = get(addr, "/readyz") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "/readyz never became 200");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (code, body) = get(addr, "/healthz?verbose").expect("healthz");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("[+]leaderElection ok"), "{body}");
+    assert!(body.contains("[+]node-route-controller ok"), "{body}");
+    assert_eq!(get(addr, "/livez").map(|r| r.0), Some(200));
+    assert_eq!(get(addr, "/healthz/nope").map(|r| r.0), Some(500));
+    let (code, metrics) = get(addr, "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    for name in [
+        "cloudprovider_api_requests_total",
+        "route_controller_route_sync_total",
+        "running_managed_controllers{",
+        "leader_election_master_status{name=\"cloud-controller-manager\"} 1",
+        "node_controller_cloud_provider_taint_removal_delay_seconds",
+        "node_controller_initial_node_sync_delay_seconds",
+        "service_controller_loadbalancer_sync_total",
+        "service_controller_nodesync_error_total",
+        "service_controller_nodesync_latency_seconds",
+        "service_controller_update_loadbalancer_host_latency_seconds",
+        "workqueue_adds_total",
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+    ] {
+        assert!(metrics.contains(name), "/metrics lacks {name}:\n{metrics}");
+    }
+    for c in ["cloud-node", "cloud-node-lifecycle", "route", "service"] {
+        let line = format!(
+            "running_managed_controllers{{name=\"{c}\",manager=\"cloud-controller-manager\"}} 1"
+        );
+        assert!(metrics.contains(&line), "missing {line}");
+    }
+    let _ = child.kill().await;
+}
