@@ -211,20 +211,18 @@ pub fn prepare(ctx: &KindCtx, obj: &mut Value, alloc: &mut Allocator) -> Result<
         ids::NODES => node(ctx, obj, &mut errs),
         ids::SERVICES if errs.is_empty() => service(ctx, obj, alloc, &mut errs),
         ids::NAMESPACES if ctx.old.is_none() => {
-            {
-                let name = obj
-                    .pointer("/metadata/name")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
-                obj["status"] = json!({"phase": "Active"});
-                obj["spec"] = json!({"finalizers": ["kubernetes"]});
-                let m = &mut obj["metadata"];
-                if !m.get("labels").is_some_and(Value::is_object) {
-                    m["labels"] = json!({});
-                }
-                m["labels"]["kubernetes.io/metadata.name"] = Value::String(name);
+            let name = obj
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            obj["status"] = json!({"phase": "Active"});
+            obj["spec"] = json!({"finalizers": ["kubernetes"]});
+            let m = &mut obj["metadata"];
+            if !m.get("labels").is_some_and(Value::is_object) {
+                m["labels"] = json!({});
             }
+            m["labels"]["kubernetes.io/metadata.name"] = Value::String(name);
         }
         ids::LEASES => lease(obj, &mut errs),
         _ => {}
