@@ -1,72 +1,4 @@
-//! An in-memory Kubernetes API server over real HTTP, for tests, `ccm demo` and `ccm bench`.
-//!
-//! No kube-apiserver can run on the development and CI machines, and kube-rs offers no
-//! in-memory server, yet every controller test, the demo and the benchmark need one that real
-//! clients — kube-rs and the `kubectl` binary — accept. Where this server's behaviour is
-//! observable by a client it follows kube-apiserver: resourceVersions, watch semantics (410
-//! Expired, bookmarks, selector transitions), strategic merge keys, defaulting and allocation of
-//! Services, validation messages and `metav1.Status` error bodies. Differences that remain are
-//! listed below and in the crate README; anything else that differs is a bug.
-//!
-//! ```no_run
-//! # async fn demo() -> anyhow::Result<()> {
-//! let sim = ccm_kube_sim::KubeSim::start(ccm_kube_sim::Config::default()).await?;
-//! let client = sim.client_with_user_agent("node-controller")?;
-//! // ... drive controllers with `client` ...
-//! let writes = sim.count_writes("node-controller");
-//! # let _ = (client, writes);
-//! sim.shutdown().await;
-//! # Ok(()) }
-//! ```
-//!
-//! # Known differences from kube-apiserver
-//!
-//! - **Kinds**: only core/v1 nodes, services, namespaces, configmaps, secrets, serviceaccounts
-//!   (+ `token` subresource), events, pods and endpoints (both stored without any behaviour),
-//!   coordination.k8s.io/v1 leases, events.k8s.io/v1 events and discovery.k8s.io/v1
-//!   endpointslices. No CRDs, no RBAC (every valid token may do everything), no admission.
-//! - **Events**: core/v1 and events.k8s.io/v1 Events are stored separately; the real server
-//!   stores one object and converts between the two views.
-//! - **Serialization**: JSON only (no protobuf, no YAML request bodies; protobuf-only Accept
-//!   headers still get JSON). List items carry `kind`/`apiVersion`. No `managedFields`.
-//! - **Server-side apply** is refused with 415 (clear message); client-side `kubectl apply`
-//!   works. `dryRun`, `fieldManager`, `fieldValidation` are accepted and ignored (unknown
-//!   fields are stored, never rejected).
-//! - **Discovery**: plain discovery only (no aggregated discovery, no OpenAPI: `/openapi/v2`
-//!   and `/openapi/v3` are 404, so use `kubectl apply --validate=false`; `kubectl explain`
-//!   does not work).
-//! - **Lists**: every list is served from the current state whatever `resourceVersion` /
-//!   `resourceVersionMatch` ask (no `Exact` reads of the past); `continue` tokens resume after
-//!   the last key against the current state instead of a snapshot, and never expire.
-//! - **Watch**: history is kept per kind as a count of events (`retention`), not a time window;
-//!   a watch from a resourceVersion newer than the server's starts there instead of waiting;
-//!   bookmarks are sent every `bookmark_interval` (real: about a minute); watch `timeoutSeconds`
-//!   defaults to `watch_timeout` (real: randomised 30–60 min). A watcher that falls more than
-//!   `watch_buffer` events behind is disconnected (the real server also drops slow watchers,
-//!   with different thresholds).
-//! - **Deletion**: `gracePeriodSeconds`, `propagationPolicy` and `orphanDependents` are ignored
-//!   (no garbage collector, no owner-reference cascading); `deletionGracePeriodSeconds` is 0.
-//!   Deleting a namespace removes it and everything in it at once (no Terminating phase).
-//!   DeleteCollection is not implemented (405).
-//! - **Validation** covers names, labels/annotations, Service type/ports/nodePorts/
-//!   loadBalancerClass/traffic policies/IP families, Node pod CIDRs/taints/providerID and Lease
-//!   fields; other fields of other kinds are stored unvalidated. Create with `resourceVersion`
-//!   set is accepted (the real server rejects it).
-//! - **Strategic merge patch**: list merge keys exist for the fields of the served kinds
-//!   (`ResourceDesc::patch_lists`); `$setElementOrder` is accepted but does not reorder;
-//!   `$retainKeys` is honoured. A failed JSON-patch `test` gives 422 like upstream, but the
-//!   cause message is the Rust json-patch crate's wording.
-//! - **Services**: ClusterIPs are random within the CIDR (no static/dynamic band split);
-//!   NodePorts are one pool regardless of protocol; no Endpoints/EndpointSlice controller.
-//!   The `kubernetes` Service in `default` is created at start.
-//! - **Auth**: bearer tokens only (static list + TokenRequest tokens, which never expire);
-//!   anonymous access is allowed to `/version`, `/healthz`, `/livez`, `/readyz` only. No client
-//!   certificates, no impersonation, no authorization.
-//! - **Metrics**: `/metrics` serves only `apiserver_request_total`, with an extra `client`
-//!   label (the whole User-Agent) and empty `version`/`scope` labels.
-//! - **Faults** (429/500/latency) apply to resource requests, never to discovery, health or
-//!   metrics.
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
 mod discovery;
@@ -201,6 +133,11 @@ impl KubeSim {
     pub async fn start(cfg: Config) -> anyhow::Result<Self> {
         validate_cidrs(&cfg.service_cidrs)?;
         anyhow::ensure!(!cfg.tokens.is_empty(), "at least one token is required");
+        anyhow::ensure!(
+            cfg.node_port_range.0 > 0 && cfg.node_port_range.0 <= cfg.node_port_range.1,
+            "invalid NodePort range {:?}",
+            cfg.node_port_range
+        );
         let listener = TcpListener::bind(cfg.listen)
             .await
             .with_context(|| format!("binding {}", cfg.listen))?;
@@ -539,7 +476,7 @@ fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
 /// Flags of `ccm kube-sim`: serve until Ctrl-C and write a kubeconfig for kubectl.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CliOptions {
-    /// Address to listen on. Loopback by default; anything else exposes an unauthenticated-by-RBAC API.
+    /// Address to listen on. Loopback by default: a valid token may do anything (no RBAC).
     #[arg(long, default_value = "127.0.0.1:6443")]
     pub listen: SocketAddr,
     /// Where to write a kubeconfig for kubectl / kube-rs.

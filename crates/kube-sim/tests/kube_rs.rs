@@ -669,3 +669,94 @@ async fn service_defaults_and_allocation() {
     let ing = &st.status.unwrap().load_balancer.unwrap().ingress.unwrap()[0];
     assert_eq!(ing.ip_mode.as_deref(), Some("VIP"));
 }
+
+#[tokio::test]
+async fn events_recorder_and_leases() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::events::v1::Event as NewEvent;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+    let sim = sim().await;
+    let client = sim.client().unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let n = nodes
+        .create(&PostParams::default(), &node("e1", json!({})))
+        .await
+        .unwrap();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "cloud-node-controller".into(),
+            instance: None,
+        },
+    );
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: "Synced".into(),
+        note: Some("node synced".into()),
+        action: "Sync".into(),
+        secondary: None,
+    };
+    let oref = kube::Resource::object_ref(&n, &());
+    recorder.publish(&ev, &oref).await.unwrap();
+    // The same event again becomes a series update.
+    recorder.publish(&ev, &oref).await.unwrap();
+    let events: Api<NewEvent> = Api::namespaced(client.clone(), "default");
+    let list = events.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    assert_eq!(list.items[0].reason.as_deref(), Some("Synced"));
+
+    // Lease validation as leader election uses it.
+    let leases: Api<Lease> = Api::namespaced(client, "kube-system");
+    let l: Lease = serde_json::from_value(json!({"metadata": {"name": "cloud-controller-manager"},
+        "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15}}))
+    .unwrap();
+    leases.create(&PostParams::default(), &l).await.unwrap();
+    let err = leases
+        .patch(
+            "cloud-controller-manager",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"leaseDurationSeconds": 0}})),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref e) if e.code == 422 && e.message.contains("spec.leaseDurationSeconds: Invalid value: 0: must be greater than 0")),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn streaming_list_watcher() {
+    let sim = sim().await;
+    let nodes: Api<Node> = Api::all(sim.client().unwrap());
+    for i in 0..3 {
+        nodes
+            .create(&PostParams::default(), &node(&format!("w{i}"), json!({})))
+            .await
+            .unwrap();
+    }
+    let (reader, writer) = reflector::store::<Node>();
+    let stream = reflector(
+        writer,
+        watcher(nodes.clone(), watcher::Config::default().streaming_lists()),
+    )
+    .default_backoff()
+    .touched_objects();
+    let task = tokio::spawn(stream.for_each(|_| async {}));
+    tokio::time::timeout(SOON, reader.wait_until_ready())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(reader.state().len(), 3);
+    nodes
+        .create(&PostParams::default(), &node("w3", json!({})))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + SOON;
+    while reader.state().len() != 4 {
+        assert!(tokio::time::Instant::now() < deadline, "new node not seen");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    task.abort();
+}
