@@ -448,6 +448,12 @@ const SERVICE_TYPES: &[&str] = &["ClusterIP", "ExternalName", "LoadBalancer", "N
 
 fn service(ctx: &KindCtx, obj: &mut Value, alloc: &mut Allocator, errs: &mut Vec<FieldError>) {
     let old = ctx.old;
+    if old.is_none()
+        && let Some(o) = obj.as_object_mut()
+    {
+        // serviceStrategy.PrepareForCreate: status is not settable on create.
+        o.remove("status");
+    }
     if !obj.get("spec").is_some_and(Value::is_object) {
         obj["spec"] = json!({});
     }
