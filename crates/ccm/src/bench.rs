@@ -91,6 +91,9 @@ pub struct BenchOptions {
     /// Extra flag for the CCM under test (repeatable), e.g. --ccm-arg=--kube-api-qps=20.
     #[arg(long = "ccm-arg", allow_hyphen_values = true)]
     pub ccm_args: Vec<String>,
+    /// Append the CCM under test's log here (default: a temporary file removed afterwards).
+    #[arg(long)]
+    pub ccm_log: Option<PathBuf>,
     /// Write results as JSON (one object per scenario).
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -289,7 +292,12 @@ impl Env {
             Some(b) => b.clone(),
             None => std::env::current_exe().context("locating the ccm binary")?,
         };
-        let log = std::fs::File::create(dir.join("ccm.log"))?;
+        let log_path = opts.ccm_log.clone().unwrap_or_else(|| dir.join("ccm.log"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("--ccm-log {}", log_path.display()))?;
         let mut cmd = Command::new(&bin);
         cmd.arg("run")
             .arg("--cloud-provider=sim")
@@ -325,7 +333,7 @@ impl Env {
         if !ready {
             anyhow::bail!(
                 "the CCM under test did not become ready within 60s (log: {})",
-                dir.join("ccm.log").display()
+                log_path.display()
             );
         }
         Ok(env)

@@ -18,9 +18,21 @@ pub fn init(verbosity: u8, format: LogFormat) {
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Errors only, for subcommands that draw their own progress output (demo, bench): the clients
+/// they use to play kubelets and users log reconnects that mean nothing to the reader.
+pub fn quiet() {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("error,kube_client=off,kube_runtime=off"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }

@@ -68,11 +68,11 @@ fn main() -> ExitCode {
             Some(Command::Run(opts)) => run(*opts).await,
             None => run(cli.run).await,
             Some(Command::Demo(opts)) => {
-                logging::init(0, ccm_manager::options::LogFormat::Text);
+                logging::quiet();
                 demo::run(opts).await
             }
             Some(Command::Bench(opts)) => {
-                logging::init(0, ccm_manager::options::LogFormat::Text);
+                logging::quiet();
                 bench::run(opts).await
             }
             Some(Command::KubeSim(opts)) => {

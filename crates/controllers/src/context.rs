@@ -24,6 +24,11 @@ pub struct Shared {
     pub services: Informer<Service>,
     /// Workqueue metrics shared by every queue of the process.
     pub queue_metrics: QueueMetrics,
+    /// Route readiness per Node, from the route controller to the cloud-node controller.
+    pub routed: RoutedNodes,
+    /// A client for Events only, so event writes never spend the controllers' request budget
+    /// (`None`: each controller records through its own client).
+    pub event_client: Option<kube::Client>,
 }
 
 impl Shared {
@@ -35,7 +40,18 @@ impl Shared {
             nodes: Informer::with_transform(crate::informer::trim_node),
             services: Informer::with_transform(crate::informer::trim_service),
             queue_metrics: QueueMetrics::default(),
+            routed: RoutedNodes::default(),
+            event_client: None,
         }
+    }
+
+    /// An event recorder for `component`, writing through [`Shared::event_client`] when set,
+    /// else through `client`.
+    pub fn recorder(&self, client: &kube::Client, component: &str) -> crate::events::Recorder {
+        crate::events::Recorder::new(
+            self.event_client.clone().unwrap_or_else(|| client.clone()),
+            component,
+        )
     }
 
     /// Starts one Node watch and one Service watch (all namespaces) feeding the caches, until
@@ -69,4 +85,78 @@ pub enum StartError {
     /// `--cluster-cidr` while routes are configured).
     #[error("{0}")]
     Invalid(String),
+}
+
+/// Which Nodes have all their routes, published by the route controller so the cloud-node
+/// controller can fold `NetworkUnavailable=False` into the status write it makes anyway — one
+/// API write per Node less during a burst (upstream writes the condition separately).
+#[derive(Clone, Default)]
+pub struct RoutedNodes {
+    inner: Arc<RoutedInner>,
+}
+
+#[derive(Default)]
+struct RoutedInner {
+    /// The route controller is running and publishing.
+    active: std::sync::atomic::AtomicBool,
+    /// The cloud-node controller writes the condition for Nodes it initializes.
+    node_folds: std::sync::atomic::AtomicBool,
+    nodes: parking_lot::RwLock<std::collections::BTreeSet<String>>,
+    changed: tokio::sync::Notify,
+}
+
+impl RoutedNodes {
+    /// Called by the route controller when it starts.
+    pub fn activate(&self) {
+        self.inner
+            .active
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// True while a route controller publishes.
+    pub fn is_active(&self) -> bool {
+        self.inner.active.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Called by the cloud-node controller when it folds the condition into its writes; the
+    /// route controller then leaves uninitialized Nodes' condition to it.
+    pub fn set_node_folds(&self, on: bool) {
+        self.inner
+            .node_folds
+            .store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// True when the cloud-node controller writes the condition for Nodes it initializes.
+    pub fn node_folds(&self) -> bool {
+        self.inner
+            .node_folds
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Replaces the set of Nodes whose routes all exist.
+    pub fn publish(&self, nodes: std::collections::BTreeSet<String>) {
+        *self.inner.nodes.write() = nodes;
+        self.inner.changed.notify_waiters();
+    }
+
+    /// True when every route of `node` exists.
+    pub fn contains(&self, node: &str) -> bool {
+        self.inner.nodes.read().contains(node)
+    }
+
+    /// Waits until every one of `nodes` has its routes, or `timeout` passes.
+    pub async fn wait_all(&self, nodes: &[String], timeout: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.inner.changed.notified();
+            futures::pin_mut!(notified);
+            notified.as_mut().enable();
+            if nodes.iter().all(|n| self.contains(n)) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
+    }
 }

@@ -18,4 +18,4 @@ pub mod queue;
 pub mod route;
 pub mod service;
 
-pub use context::{Shared, StartError};
+pub use context::{RoutedNodes, Shared, StartError};

@@ -156,13 +156,15 @@ pub struct RunOptions {
     #[arg(long, help_heading = "Kubernetes API")]
     pub master: Option<String>,
 
-    /// Client-side limit for API server requests per second. ccm-rs: 50 (upstream CCM: 20),
-    /// because one process serves four controllers for the whole cluster.
-    #[arg(long, default_value_t = 50.0, help_heading = "Kubernetes API")]
+    /// Client-side limit for API server requests per second, per controller (each controller
+    /// has its own client, as upstream; events have one more). ccm-rs: 500 (upstream CCM: 20).
+    /// API Priority and Fairness protects the API server; this limit only guards against a
+    /// runaway loop, and at upstream's 20 a 1,000-node burst takes minutes to initialize.
+    #[arg(long, default_value_t = 500.0, help_heading = "Kubernetes API")]
     pub kube_api_qps: f64,
 
-    /// Burst for `--kube-api-qps`. ccm-rs: 100 (upstream CCM: 30).
-    #[arg(long, default_value_t = 100, help_heading = "Kubernetes API")]
+    /// Burst for `--kube-api-qps`. ccm-rs: 1000 (upstream CCM: 30).
+    #[arg(long, default_value_t = 1000, help_heading = "Kubernetes API")]
     pub kube_api_burst: u32,
 
     /// Accepted for compatibility; ccm-rs always talks JSON.
@@ -321,7 +323,13 @@ pub struct RunOptions {
 
     // ---- Logging
     /// Log verbosity, klog-style: 0-1 info, 2-3 debug, 4+ trace.
-    #[arg(short = 'v', long = "v", default_value_t = 2, help_heading = "Logging")]
+    #[arg(
+        short = 'v',
+        long = "v",
+        default_value_t = 2,
+        overrides_with = "verbosity",
+        help_heading = "Logging"
+    )]
     pub verbosity: u8,
 
     /// Log line format.

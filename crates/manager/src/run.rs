@@ -204,8 +204,7 @@ pub async fn run(
         tracing::info!(%identity, "became leader");
         master_status.get_or_create(&lease_label).set(1);
         let controllers = shutdown.child_token();
-        let started =
-            start_controllers(&v, provider, &admin, &base, &limit, rt, controllers.clone()).await;
+        let started = start_controllers(&v, provider, &admin, &base, rt, controllers.clone()).await;
         let tasks = match started {
             Ok(t) => t,
             Err(e) => {
@@ -230,8 +229,7 @@ pub async fn run(
         }
     } else {
         let controllers = shutdown.child_token();
-        let tasks =
-            start_controllers(&v, provider, &admin, &base, &limit, rt, controllers.clone()).await?;
+        let tasks = start_controllers(&v, provider, &admin, &base, rt, controllers.clone()).await?;
         shutdown.cancelled().await;
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, futures::future::join_all(tasks)).await;
         Exit::Shutdown
@@ -246,7 +244,6 @@ async fn start_controllers(
     provider: Arc<dyn CloudProvider>,
     admin: &kube::Client,
     base: &kube::Config,
-    limit: &RateLimitLayer,
     rt: &Runtime,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
@@ -262,6 +259,12 @@ async fn start_controllers(
     let shared = {
         let mut s = Shared::new(provider, o.cluster_name.clone());
         s.queue_metrics = ccm_controllers::queue::QueueMetrics::new(&mut rt.registry.write());
+        // Events get their own client and request budget: they must never slow real work.
+        s.event_client = Some(build_client(
+            base.clone(),
+            &format!("{USER_AGENT_BASE}/events"),
+            &RateLimitLayer::new(o.kube_api_qps, o.kube_api_burst),
+        )?);
         s
     };
     shared.start_informers(admin.clone(), shutdown.clone());
@@ -300,10 +303,12 @@ async fn start_controllers(
     );
 
     let token_dir = std::env::temp_dir().join(format!("ccm-rs-tokens-{}", std::process::id()));
+    // Each controller gets its own client and so its own request budget, as upstream's
+    // per-controller clientsets do.
     let client_for = |account: &'static str, ua: &'static str| {
         let admin = admin.clone();
         let base = base.clone();
-        let limit = limit.clone();
+        let limit = RateLimitLayer::new(o.kube_api_qps, o.kube_api_burst);
         let token_dir = token_dir.clone();
         let shutdown = shutdown.clone();
         let use_sa = o.use_service_account_credentials;

@@ -132,7 +132,7 @@ impl NodeLifecycleController {
         };
         let batch_max = config.max_batch_size.min(instances.max_batch_size()).max(1);
         Ok(NodeLifecycleController {
-            recorder: Recorder::new(client.clone(), EVENT_SOURCE),
+            recorder: shared.recorder(&client, EVENT_SOURCE),
             shared,
             client,
             config,

@@ -42,7 +42,9 @@ use tokio_util::sync::CancellationToken;
 use crate::context::{Shared, StartError};
 use crate::events::{EventType, Recorder};
 use crate::informer::Change;
-use crate::nodeutil::pod_cidrs;
+use crate::nodeutil::{
+    ConditionStatus, TAINT_UNINITIALIZED, condition_status, has_taint, pod_cidrs,
+};
 use crate::queue::{Backoff, WorkQueue};
 use planner::{NETWORK_UNAVAILABLE, NodeView, RouteCreate, RoutePlan};
 
@@ -483,7 +485,7 @@ impl RouteController {
         Ok(RouteController {
             routes,
             nodes_api: Api::all(client.clone()),
-            recorder: Recorder::new(client, EVENT_SOURCE),
+            recorder: shared.recorder(&client, EVENT_SOURCE),
             metrics: Metrics::new(registry),
             shared,
             config,
@@ -500,6 +502,7 @@ impl RouteController {
     /// Runs until `shutdown`: waits for the node cache, then syncs per [`RouteConfig::mode`].
     pub async fn run(self, shutdown: CancellationToken) {
         let _stop_queue = self.queue_shutdown.clone().drop_guard();
+        self.shared.routed.activate();
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = self.shared.nodes.wait_ready() => {}
@@ -674,7 +677,9 @@ impl RouteController {
             .count() as i64;
         if plan.is_empty() {
             self.metrics.managed.set(managed);
-            *self.handle.inner.routed.lock() = Some(plan.routed_nodes(&HashSet::new()));
+            let routed = plan.routed_nodes(&HashSet::new());
+            self.shared.routed.publish(routed.clone());
+            *self.handle.inner.routed.lock() = Some(routed);
             return Ok(done);
         }
         tracing::info!(
@@ -686,9 +691,25 @@ impl RouteController {
 
         let failed = self.execute_routes(&plan, &mut done, &mut managed).await;
         self.metrics.managed.set(managed);
-        *self.handle.inner.routed.lock() = Some(plan.routed_nodes(&failed));
+        let routed = plan.routed_nodes(&failed);
+        self.shared.routed.publish(routed.clone());
+        *self.handle.inner.routed.lock() = Some(routed);
 
-        let writes = plan.conditions_after(&failed);
+        // Nodes still being initialized get their condition from the cloud-node controller,
+        // folded into the status write it makes anyway (see `RoutedNodes`).
+        let folds = self.shared.routed.node_folds();
+        let writes: Vec<_> = plan
+            .conditions_after(&failed)
+            .into_iter()
+            .filter(|u| {
+                !(folds
+                    && self
+                        .shared
+                        .nodes
+                        .get(&u.node)
+                        .is_some_and(|n| has_taint(&n, TAINT_UNINITIALIZED)))
+            })
+            .collect();
         let results: Vec<bool> = futures::stream::iter(writes)
             .map(|u| self.write_condition(u))
             .buffer_unordered(CONDITION_PATCH_CONCURRENCY)
@@ -861,9 +882,16 @@ fn needs_sync(change: &Change<Node>) -> bool {
     match (&change.old, &change.new) {
         (Some(old), Some(new)) => {
             let addrs = |n: &Node| n.status.as_ref().and_then(|s| s.addresses.clone());
+            // A Node just initialized without the condition (the cloud-node controller could
+            // not fold it in because its routes were not ready yet): write it now.
+            let initialized_without_condition = has_taint(old, TAINT_UNINITIALIZED)
+                && !has_taint(new, TAINT_UNINITIALIZED)
+                && !pod_cidrs(new).is_empty()
+                && condition_status(new, NETWORK_UNAVAILABLE) != ConditionStatus::False;
             pod_cidrs(old) != pod_cidrs(new)
                 || addrs(old) != addrs(new)
                 || old.metadata.uid != new.metadata.uid
+                || initialized_without_condition
         }
         _ => true,
     }

@@ -288,7 +288,7 @@ impl ServiceController {
             shared.queue_metrics.clone(),
             stop.clone(),
         );
-        let recorder = Recorder::new(client.clone(), EVENT_SOURCE);
+        let recorder = shared.recorder(&client, EVENT_SOURCE);
         Ok(ServiceController {
             inner: Arc::new(Inner {
                 shared,

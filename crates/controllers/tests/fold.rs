@@ -1,0 +1,120 @@
+//! cloud-node and route together: `NetworkUnavailable=False` rides along in the status write
+//! the cloud-node controller makes anyway, so a new Node costs 2 writes, not 3.
+
+mod node_support;
+
+use std::time::Duration;
+
+use ccm_controllers::node::{CloudNodeConfig, CloudNodeController};
+use ccm_controllers::nodeutil::{
+    ConditionStatus, TAINT_UNINITIALIZED, condition_status, has_taint,
+};
+use ccm_controllers::route::{RouteConfig, RouteController};
+use ccm_provider_sim::{InstanceSpec, SimOptions};
+use kube::api::ListParams;
+use node_support::{Env, kubelet_node, ready_condition};
+use prometheus_client::registry::Registry;
+
+const NODES: usize = 60;
+
+async fn converge(env: &Env) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while tokio::time::Instant::now() < deadline {
+        let nodes = env
+            .nodes()
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items;
+        let done = nodes.len() == NODES
+            && nodes.iter().all(|n| {
+                !has_taint(n, TAINT_UNINITIALIZED)
+                    && condition_status(n, "NetworkUnavailable") == ConditionStatus::False
+            });
+        if done && env.cloud.routes().len() == NODES {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_unavailable_is_folded_into_the_status_write() {
+    let env = Env::start(SimOptions::default(), true).await;
+    let mut registry = Registry::default();
+    let node = CloudNodeController::new(
+        env.shared.clone(),
+        env.client.clone(),
+        CloudNodeConfig::default(),
+        &mut registry,
+    )
+    .expect("node controller");
+    let route = RouteController::new(
+        env.shared.clone(),
+        env.client.clone(),
+        RouteConfig {
+            cluster_cidrs: vec!["10.128.0.0/9".parse().expect("cidr")],
+            min_sync_interval: Duration::from_millis(200),
+            ..Default::default()
+        },
+        &mut registry,
+    )
+    .expect("route controller");
+    tokio::spawn(node.run(env.shutdown.clone()));
+    tokio::spawn(route.run(env.shutdown.clone()));
+
+    for i in 0..NODES {
+        let name = format!("n{i}");
+        env.cloud.add_instance(InstanceSpec::new(name.clone()));
+        let mut n = kubelet_node(&name, None);
+        if let Some(spec) = n.spec.as_mut() {
+            spec.pod_cidrs = Some(vec![format!("10.128.{i}.0/24")]);
+        }
+        if let Some(status) = n.status.as_mut() {
+            status.conditions = Some(vec![
+                serde_json::from_value(ready_condition("True")).expect("condition"),
+            ]);
+        }
+        env.create_node(&n).await;
+    }
+    assert!(converge(&env).await, "nodes did not converge");
+    // Let any trailing write land before counting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let nodes = env
+        .nodes()
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items;
+    for n in &nodes {
+        let cond = n
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "NetworkUnavailable"))
+            .expect("condition");
+        assert_eq!(cond.reason.as_deref(), Some("RouteCreated"));
+        assert_eq!(
+            cond.message.as_deref(),
+            Some("RouteController created a route")
+        );
+        // The kubelet's Ready condition survived the fold.
+        assert!(
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready"))
+        );
+    }
+    let writes = env.node_writes();
+    println!("node writes for {NODES} nodes: {writes}");
+    // Two per node (status, object); a few 409 retries are tolerated, a third write per node
+    // is not.
+    assert!(
+        writes <= 2 * NODES as u64 + NODES as u64 / 10,
+        "{writes} node writes for {NODES} nodes"
+    );
+    env.shutdown.cancel();
+}
