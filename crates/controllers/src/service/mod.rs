@@ -199,7 +199,7 @@ struct KeyState {
     /// without our finalizer, and iterated by the node sync.
     cached: Arc<Service>,
     /// The node set last handed to the cloud for this Service (stored before the call).
-    last_synced_nodes: Option<NodeSet>,
+    last_synced_nodes: Option<Arc<NodeSet>>,
     /// True after a successful ensure, until the next failure or delete: drift-check candidates.
     ensured: bool,
     /// The status this controller last wrote (or confirmed) for `cached`'s UID; guards the
@@ -216,6 +216,9 @@ struct Inner {
     queue: WorkQueue<String>,
     node_queue: WorkQueue<String>,
     state: Mutex<HashMap<String, KeyState>>,
+    /// The last LB node list handed out, shared by every Service until the set or an address
+    /// changes: 200 Services × 1,000 Nodes must not mean 200 copies of every Node.
+    lb_nodes_cache: Mutex<Option<(u64, Arc<Vec<Node>>, Arc<NodeSet>)>>,
     /// Key → UID of Services whose status the delete path cleared. Outlives the key's
     /// [`KeyState`] (which a successful delete removes) so that a following ensure does not
     /// trust a cache still showing the ingress from before the clear. Dropped when the Service
@@ -299,6 +302,7 @@ impl ServiceController {
                 queue,
                 node_queue,
                 state: Mutex::default(),
+                lb_nodes_cache: Mutex::default(),
                 status_cleared: Mutex::default(),
                 locks: KeyLocks::default(),
                 metrics: Metrics::new(registry),
@@ -593,7 +597,7 @@ impl Inner {
                     ))?,
             );
         }
-        let nodes = self.lb_nodes();
+        let (nodes, set) = self.lb_nodes();
         if nodes.is_empty() {
             self.event(
                 svc,
@@ -603,7 +607,7 @@ impl Inner {
             );
         }
         if let Some(s) = self.state.lock().get_mut(key) {
-            s.last_synced_nodes = Some(lb_node_set(&nodes));
+            s.last_synced_nodes = Some(set);
         }
         let status = match self
             .lb
@@ -630,18 +634,42 @@ impl Inner {
         Ok(())
     }
 
-    /// The current LB node set, sorted by name.
-    fn lb_nodes(&self) -> Vec<Node> {
-        let mut nodes: Vec<Node> = self
+    /// The current LB nodes (sorted by name) and their set, reused while no Node joins, leaves
+    /// or changes its providerID or addresses.
+    fn lb_nodes(&self) -> (Arc<Vec<Node>>, Arc<NodeSet>) {
+        use std::hash::{Hash, Hasher};
+        let mut current: Vec<Arc<Node>> = self
             .shared
             .nodes
             .list()
             .into_iter()
             .filter(|n| node_in_lb_set(n))
-            .map(|n| (*n).clone())
             .collect();
-        nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        nodes
+        current.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for n in &current {
+            n.metadata.name.hash(&mut h);
+            n.spec
+                .as_ref()
+                .and_then(|s| s.provider_id.as_ref())
+                .hash(&mut h);
+            if let Some(addrs) = n.status.as_ref().and_then(|s| s.addresses.as_ref()) {
+                for a in addrs {
+                    (&a.type_, &a.address).hash(&mut h);
+                }
+            }
+        }
+        let key = h.finish();
+        let mut cache = self.lb_nodes_cache.lock();
+        if let Some((k, nodes, set)) = cache.as_ref()
+            && *k == key
+        {
+            return (nodes.clone(), set.clone());
+        }
+        let nodes: Arc<Vec<Node>> = Arc::new(current.iter().map(|n| (**n).clone()).collect());
+        let set = Arc::new(lb_node_set(nodes.iter()));
+        *cache = Some((key, nodes.clone(), set.clone()));
+        (nodes, set)
     }
 
     fn api(&self, svc: &Service) -> Api<Service> {
@@ -753,8 +781,7 @@ impl Inner {
     /// changed, `concurrent_service_syncs` at a time, each under the Service's lock.
     async fn sync_nodes(&self) {
         let start = Instant::now();
-        let nodes = Arc::new(self.lb_nodes());
-        let set = Arc::new(lb_node_set(nodes.iter()));
+        let (nodes, set) = self.lb_nodes();
         let keys: Vec<String> = self
             .state
             .lock()
@@ -774,7 +801,7 @@ impl Inner {
             .observe(start.elapsed().as_secs_f64());
     }
 
-    async fn node_sync_service(&self, key: &str, nodes: &[Node], set: &NodeSet) {
+    async fn node_sync_service(&self, key: &str, nodes: &[Node], set: &Arc<NodeSet>) {
         let _guard = self.locks.lock(key).await;
         // Decide under the lock: a sync that ran meanwhile may already have sent this set.
         let svc = {

@@ -418,21 +418,21 @@ impl CloudProvider for RemoteSim {
 impl Instances for RemoteSim {
     async fn instance_exists(&self, node: &Node) -> CloudResult<bool> {
         self.call::<bool, bool>(Call::InstanceExists {
-            node: Box::new(node.clone()),
+            node: Box::new(wire_node(node)),
         })
         .await
     }
 
     async fn instance_shutdown(&self, node: &Node) -> CloudResult<bool> {
         self.call::<bool, bool>(Call::InstanceShutdown {
-            node: Box::new(node.clone()),
+            node: Box::new(wire_node(node)),
         })
         .await
     }
 
     async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
         self.call::<WireMaybeMetadata, _>(Call::InstanceMetadata {
-            node: Box::new(node.clone()),
+            node: Box::new(wire_node(node)),
         })
         .await
     }
@@ -443,7 +443,7 @@ impl Instances for RemoteSim {
     ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
         self.batch::<WireMaybeMetadata, _>(
             Call::InstancesMetadata {
-                nodes: nodes.to_vec(),
+                nodes: nodes.iter().map(wire_node).collect(),
             },
             nodes.len(),
         )
@@ -453,7 +453,7 @@ impl Instances for RemoteSim {
     async fn instances_status(&self, nodes: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
         self.batch::<WireStatus, _>(
             Call::InstancesStatus {
-                nodes: nodes.to_vec(),
+                nodes: nodes.iter().map(wire_node).collect(),
             },
             nodes.len(),
         )
@@ -526,7 +526,7 @@ impl LoadBalancer for RemoteSim {
         self.call::<LoadBalancerStatus, _>(Call::EnsureLoadBalancer {
             cluster: cluster.to_string(),
             service: Box::new(service.clone()),
-            nodes: nodes.to_vec(),
+            nodes: nodes.iter().map(wire_node).collect(),
         })
         .await
     }
@@ -540,7 +540,7 @@ impl LoadBalancer for RemoteSim {
         self.call::<(), _>(Call::UpdateLoadBalancer {
             cluster: cluster.to_string(),
             service: Box::new(service.clone()),
-            nodes: nodes.to_vec(),
+            nodes: nodes.iter().map(wire_node).collect(),
         })
         .await
     }
@@ -582,5 +582,24 @@ impl Routes for RemoteSim {
             route: WireRoute::from(route.clone()),
         })
         .await
+    }
+}
+
+/// What the sim cloud reads of a Node: its name and providerID. Sending only that keeps a call
+/// with 1,000 Nodes small, as a real cloud API call naming instance IDs would be.
+fn wire_node(node: &Node) -> Node {
+    Node {
+        metadata: ccm_cloud::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: node.metadata.name.clone(),
+            ..Default::default()
+        },
+        spec: node
+            .spec
+            .as_ref()
+            .map(|s| ccm_cloud::k8s_openapi::api::core::v1::NodeSpec {
+                provider_id: s.provider_id.clone(),
+                ..Default::default()
+            }),
+        status: None,
     }
 }
