@@ -22,7 +22,7 @@ use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::Api;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use parking_lot::Mutex;
 use serde::Serialize;
 use serde_json::json;
@@ -393,7 +393,10 @@ impl Tracker {
         let first: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
         let f = first.clone();
         let task = tokio::spawn(async move {
-            let stream = watcher::watcher(Api::<Node>::all(client), watcher::Config::default());
+            // Backoff matters: without it a watch error (the API server going away at the end of
+            // a scenario) is retried in a tight loop that never yields to the runtime.
+            let stream = watcher::watcher(Api::<Node>::all(client), watcher::Config::default())
+                .default_backoff();
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
                 let obj = match ev {
@@ -414,7 +417,9 @@ impl Tracker {
         let first: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
         let f = first.clone();
         let task = tokio::spawn(async move {
-            let stream = watcher::watcher(Api::<Service>::all(client), watcher::Config::default());
+            let stream =
+                watcher::watcher(Api::<Service>::all(client), watcher::Config::default())
+                    .default_backoff();
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
                 let obj = match ev {

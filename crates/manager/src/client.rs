@@ -19,6 +19,9 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
+/// Requests in flight per client (watches included).
+pub const MAX_IN_FLIGHT: usize = 64;
+
 /// User agent prefix, as upstream's `cloud-controller-manager`.
 pub const USER_AGENT_BASE: &str = "cloud-controller-manager";
 
@@ -136,7 +139,13 @@ pub fn build_client(
     ));
     let builder =
         kube::client::ClientBuilder::try_from(config).context("building the Kubernetes client")?;
-    Ok(builder.with_layer(limit).build())
+    // Bounded requests in flight per client: over HTTP/1.1 every concurrent request is a
+    // connection, and a burst of hundreds of parallel writes would leave hundreds of idle
+    // connections (and their buffers) behind. 64 in flight still moves thousands of writes/s.
+    Ok(builder
+        .with_layer(&tower::limit::ConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
+        .with_layer(limit)
+        .build())
 }
 
 /// How long minted service-account tokens live; they are refreshed at half that.

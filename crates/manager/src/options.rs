@@ -163,8 +163,9 @@ pub struct RunOptions {
     #[arg(long, default_value_t = 500.0, help_heading = "Kubernetes API")]
     pub kube_api_qps: f64,
 
-    /// Burst for `--kube-api-qps`. ccm-rs: 1000 (upstream CCM: 30).
-    #[arg(long, default_value_t = 1000, help_heading = "Kubernetes API")]
+    /// Burst for `--kube-api-qps`. ccm-rs: 2000 (upstream CCM: 30): room for a 1,000-node
+    /// scale-up (2 writes per Node) to initialize at API-server speed.
+    #[arg(long, default_value_t = 2000, help_heading = "Kubernetes API")]
     pub kube_api_burst: u32,
 
     /// Accepted for compatibility; ccm-rs always talks JSON.

@@ -781,7 +781,6 @@ impl Inner {
     /// changed, `concurrent_service_syncs` at a time, each under the Service's lock.
     async fn sync_nodes(&self) {
         let start = Instant::now();
-        let (nodes, set) = self.lb_nodes();
         let keys: Vec<String> = self
             .state
             .lock()
@@ -789,6 +788,11 @@ impl Inner {
             .filter(|(_, s)| wants_load_balancer(&s.cached))
             .map(|(k, _)| k.clone())
             .collect();
+        if keys.is_empty() {
+            // No LoadBalancer Service: nothing to update, and no node list worth building.
+            return;
+        }
+        let (nodes, set) = self.lb_nodes();
         tracing::debug!(services = keys.len(), nodes = nodes.len(), "node sync");
         futures::stream::iter(keys)
             .for_each_concurrent(self.config.concurrent_service_syncs, |key| {
