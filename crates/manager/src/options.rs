@@ -235,8 +235,9 @@ pub struct RunOptions {
     #[arg(long, default_value_t = 0, help_heading = "Controllers")]
     pub concurrent_node_status_updates: u32,
 
-    /// Service workers. ccm-rs: 10 (upstream: 1); never two operations on one Service at once.
-    #[arg(long, default_value_t = 10, help_heading = "Controllers")]
+    /// Service workers. ccm-rs: 100 (upstream: 1); never two operations on one Service at once;
+    /// put the cloud's rate limit in --cloud-api-qps, not here.
+    #[arg(long, default_value_t = 100, help_heading = "Controllers")]
     pub concurrent_service_syncs: u32,
 
     /// ccm-rs: how often NotReady Nodes are re-checked in the cloud when the provider pushes
