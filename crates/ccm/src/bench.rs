@@ -389,13 +389,22 @@ struct Tracker {
 }
 
 impl Tracker {
-    fn nodes(client: kube::Client, pred: fn(&Node) -> bool) -> Self {
+    /// Watches every object of kind `K` and notes when each first satisfies `pred`.
+    fn watch<K>(client: kube::Client, pred: fn(&K) -> bool) -> Self
+    where
+        K: kube::Resource<DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + 'static,
+    {
         let first: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
         let f = first.clone();
         let task = tokio::spawn(async move {
             // Backoff matters: without it a watch error (the API server going away at the end of
             // a scenario) is retried in a tight loop that never yields to the runtime.
-            let stream = watcher::watcher(Api::<Node>::all(client), watcher::Config::default())
+            let stream = watcher::watcher(Api::<K>::all(client), watcher::Config::default())
                 .default_backoff();
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
@@ -404,7 +413,7 @@ impl Tracker {
                     _ => continue,
                 };
                 if pred(&obj)
-                    && let Some(name) = obj.metadata.name.clone()
+                    && let Some(name) = obj.meta().name.clone()
                 {
                     f.lock().entry(name).or_insert_with(Instant::now);
                 }
@@ -413,31 +422,18 @@ impl Tracker {
         Tracker { first, task }
     }
 
+    fn nodes(client: kube::Client, pred: fn(&Node) -> bool) -> Self {
+        Self::watch(client, pred)
+    }
+
     fn services(client: kube::Client) -> Self {
-        let first: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-        let f = first.clone();
-        let task = tokio::spawn(async move {
-            let stream =
-                watcher::watcher(Api::<Service>::all(client), watcher::Config::default())
-                    .default_backoff();
-            futures::pin_mut!(stream);
-            while let Some(ev) = stream.next().await {
-                let obj = match ev {
-                    Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => o,
-                    _ => continue,
-                };
-                let has_ingress = obj
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.load_balancer.as_ref())
-                    .and_then(|l| l.ingress.as_ref())
-                    .is_some_and(|i| !i.is_empty());
-                if has_ingress && let Some(name) = obj.metadata.name.clone() {
-                    f.lock().entry(name).or_insert_with(Instant::now);
-                }
-            }
-        });
-        Tracker { first, task }
+        Self::watch::<Service>(client, |svc| {
+            svc.status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|l| l.ingress.as_ref())
+                .is_some_and(|i| !i.is_empty())
+        })
     }
 
     fn count(&self) -> usize {

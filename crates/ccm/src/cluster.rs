@@ -198,31 +198,22 @@ impl SimCluster {
 
     /// Creates a LoadBalancer Service with one port.
     pub async fn add_service(&self, name: &str) -> anyhow::Result<()> {
-        let api: Api<Service> = Api::namespaced(self.user.clone(), "default");
-        let svc: Service = serde_json::from_value(json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {
-                "type": "LoadBalancer",
-                "selector": {"app": name},
-                "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
-            },
-        }))?;
-        api.create(&PostParams::default(), &svc)
-            .await
-            .with_context(|| format!("creating service default/{name}"))?;
-        Ok(())
+        self.create_service(name, "LoadBalancer").await
     }
 
     /// Creates a ClusterIP Service (cached by the CCM, never given a load balancer).
     pub async fn add_cluster_ip_service(&self, name: &str) -> anyhow::Result<()> {
+        self.create_service(name, "ClusterIP").await
+    }
+
+    async fn create_service(&self, name: &str, type_: &str) -> anyhow::Result<()> {
         let api: Api<Service> = Api::namespaced(self.user.clone(), "default");
         let svc: Service = serde_json::from_value(json!({
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": {"name": name, "namespace": "default"},
             "spec": {
+                "type": type_,
                 "selector": {"app": name},
                 "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}],
             },

@@ -140,3 +140,73 @@ async fn run_serves_health_and_upstream_metrics() {
     }
     let _ = child.kill().await;
 }
+
+async fn spawn_run(
+    kube: &ccm_kube_sim::KubeSim,
+    extra: &[&str],
+) -> (tokio::process::Child, SocketAddr) {
+    let dir = std::env::temp_dir().join(format!(
+        "ccm-sa-test-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let kubeconfig = dir.join("kubeconfig");
+    kube.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let port = free_port();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args([
+            "--cloud-provider=sim",
+            "--cluster-cidr=10.128.0.0/9",
+            "--bind-address=127.0.0.1",
+        ])
+        .args(extra)
+        .arg(format!("--secure-port={port}"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    (child, SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_account_credentials_mint_a_token_per_controller() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use kube::api::{Api, PostParams};
+    let kube = ccm_kube_sim::KubeSim::start(ccm_kube_sim::Config::default())
+        .await
+        .expect("kube-sim");
+
+    // Without the service accounts: a clear startup error naming the account.
+    let (child, _) = spawn_run(&kube, &["--use-service-account-credentials"]).await;
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("exits")
+        .expect("output");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("kube-system/node-controller"), "{err}");
+
+    let sas: Api<ServiceAccount> = Api::namespaced(kube.client().expect("client"), "kube-system");
+    for name in ["node-controller", "route-controller", "service-controller"] {
+        let sa: ServiceAccount =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("sa");
+        sas.create(&PostParams::default(), &sa)
+            .await
+            .expect("create sa");
+    }
+    let (mut child, addr) = spawn_run(&kube, &["--use-service-account-credentials"]).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !matches!(get(addr, "/readyz"), Some((200, _))) {
+        assert!(Instant::now() < deadline, "/readyz never became 200");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let minted = kube.count_requests(|k| {
+        k.resource == "serviceaccounts" && k.subresource == "token" && (200..300).contains(&k.code)
+    });
+    // node-controller (cloud-node and lifecycle), route-controller, service-controller.
+    assert!(minted >= 3, "only {minted} tokens minted");
+    let _ = child.kill().await;
+}

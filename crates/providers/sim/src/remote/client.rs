@@ -1,5 +1,6 @@
 //! [`RemoteSim`]: a provider that forwards every call to a [`super::SimServer`].
 
+use crate::remote::wire::WireNode;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -418,21 +419,21 @@ impl CloudProvider for RemoteSim {
 impl Instances for RemoteSim {
     async fn instance_exists(&self, node: &Node) -> CloudResult<bool> {
         self.call::<bool, bool>(Call::InstanceExists {
-            node: Box::new(wire_node(node)),
+            node: WireNode::from(node),
         })
         .await
     }
 
     async fn instance_shutdown(&self, node: &Node) -> CloudResult<bool> {
         self.call::<bool, bool>(Call::InstanceShutdown {
-            node: Box::new(wire_node(node)),
+            node: WireNode::from(node),
         })
         .await
     }
 
     async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
         self.call::<WireMaybeMetadata, _>(Call::InstanceMetadata {
-            node: Box::new(wire_node(node)),
+            node: WireNode::from(node),
         })
         .await
     }
@@ -443,7 +444,7 @@ impl Instances for RemoteSim {
     ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
         self.batch::<WireMaybeMetadata, _>(
             Call::InstancesMetadata {
-                nodes: nodes.iter().map(wire_node).collect(),
+                nodes: nodes.iter().map(WireNode::from).collect(),
             },
             nodes.len(),
         )
@@ -453,7 +454,7 @@ impl Instances for RemoteSim {
     async fn instances_status(&self, nodes: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
         self.batch::<WireStatus, _>(
             Call::InstancesStatus {
-                nodes: nodes.iter().map(wire_node).collect(),
+                nodes: nodes.iter().map(WireNode::from).collect(),
             },
             nodes.len(),
         )
@@ -526,7 +527,7 @@ impl LoadBalancer for RemoteSim {
         self.call::<LoadBalancerStatus, _>(Call::EnsureLoadBalancer {
             cluster: cluster.to_string(),
             service: Box::new(service.clone()),
-            nodes: nodes.iter().map(wire_node).collect(),
+            nodes: nodes.iter().map(WireNode::from).collect(),
         })
         .await
     }
@@ -540,7 +541,7 @@ impl LoadBalancer for RemoteSim {
         self.call::<(), _>(Call::UpdateLoadBalancer {
             cluster: cluster.to_string(),
             service: Box::new(service.clone()),
-            nodes: nodes.iter().map(wire_node).collect(),
+            nodes: nodes.iter().map(WireNode::from).collect(),
         })
         .await
     }
@@ -582,24 +583,5 @@ impl Routes for RemoteSim {
             route: WireRoute::from(route.clone()),
         })
         .await
-    }
-}
-
-/// What the sim cloud reads of a Node: its name and providerID. Sending only that keeps a call
-/// with 1,000 Nodes small, as a real cloud API call naming instance IDs would be.
-fn wire_node(node: &Node) -> Node {
-    Node {
-        metadata: ccm_cloud::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-            name: node.metadata.name.clone(),
-            ..Default::default()
-        },
-        spec: node
-            .spec
-            .as_ref()
-            .map(|s| ccm_cloud::k8s_openapi::api::core::v1::NodeSpec {
-                provider_id: s.provider_id.clone(),
-                ..Default::default()
-            }),
-        status: None,
     }
 }

@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::wire::{
     ACTOR_HEADER, Call, CallCount, DeleteRouteRequest, FaultRequest, MAX_BATCH_HEADER, WireError,
-    WireEvent, WireMaybeMetadata, WireResult, WireRoutes, WireStatus, to_wire,
+    WireEvent, WireMaybeMetadata, WireResult, WireRoutes, WireStatus, nodes_of, to_wire,
 };
 use crate::cloud::{InstanceSpec, SimCloud, SimError};
 use crate::faults::{Latency, Throttle};
@@ -164,17 +164,17 @@ async fn call(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respon
     };
     let sim = actor(&app, &headers);
     let mut response = match call {
-        Call::InstanceExists { node } => reply(sim.instance_exists(&node).await),
-        Call::InstanceShutdown { node } => reply(sim.instance_shutdown(&node).await),
-        Call::InstanceMetadata { node } => {
-            json::<WireResult<WireMaybeMetadata>>(&to_wire(sim.instance_metadata(&node).await))
-        }
-        Call::InstancesMetadata { nodes } => {
-            json::<Vec<WireResult<WireMaybeMetadata>>>(&batch(sim.instances_metadata(&nodes).await))
-        }
-        Call::InstancesStatus { nodes } => {
-            json::<Vec<WireResult<WireStatus>>>(&batch(sim.instances_status(&nodes).await))
-        }
+        Call::InstanceExists { node } => reply(sim.instance_exists(&node.into_node()).await),
+        Call::InstanceShutdown { node } => reply(sim.instance_shutdown(&node.into_node()).await),
+        Call::InstanceMetadata { node } => json::<WireResult<WireMaybeMetadata>>(&to_wire(
+            sim.instance_metadata(&node.into_node()).await,
+        )),
+        Call::InstancesMetadata { nodes } => json::<Vec<WireResult<WireMaybeMetadata>>>(&batch(
+            sim.instances_metadata(&nodes_of(nodes)).await,
+        )),
+        Call::InstancesStatus { nodes } => json::<Vec<WireResult<WireStatus>>>(&batch(
+            sim.instances_status(&nodes_of(nodes)).await,
+        )),
         Call::GetLoadBalancer { cluster, service } => {
             reply(sim.get_load_balancer(&cluster, &service).await)
         }
@@ -182,12 +182,18 @@ async fn call(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respon
             cluster,
             service,
             nodes,
-        } => reply(sim.ensure_load_balancer(&cluster, &service, &nodes).await),
+        } => reply(
+            sim.ensure_load_balancer(&cluster, &service, &nodes_of(nodes))
+                .await,
+        ),
         Call::UpdateLoadBalancer {
             cluster,
             service,
             nodes,
-        } => reply(sim.update_load_balancer(&cluster, &service, &nodes).await),
+        } => reply(
+            sim.update_load_balancer(&cluster, &service, &nodes_of(nodes))
+                .await,
+        ),
         Call::EnsureLoadBalancerDeleted { cluster, service } => {
             reply(sim.ensure_load_balancer_deleted(&cluster, &service).await)
         }

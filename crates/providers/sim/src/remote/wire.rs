@@ -269,19 +269,19 @@ impl From<WireEvent> for InstanceEvent {
 #[serde(tag = "op", content = "args", rename_all = "snake_case")]
 pub(crate) enum Call {
     InstanceExists {
-        node: Box<Node>,
+        node: WireNode,
     },
     InstanceShutdown {
-        node: Box<Node>,
+        node: WireNode,
     },
     InstanceMetadata {
-        node: Box<Node>,
+        node: WireNode,
     },
     InstancesMetadata {
-        nodes: Vec<Node>,
+        nodes: Vec<WireNode>,
     },
     InstancesStatus {
-        nodes: Vec<Node>,
+        nodes: Vec<WireNode>,
     },
     GetLoadBalancer {
         cluster: String,
@@ -290,12 +290,12 @@ pub(crate) enum Call {
     EnsureLoadBalancer {
         cluster: String,
         service: Box<Service>,
-        nodes: Vec<Node>,
+        nodes: Vec<WireNode>,
     },
     UpdateLoadBalancer {
         cluster: String,
         service: Box<Service>,
-        nodes: Vec<Node>,
+        nodes: Vec<WireNode>,
     },
     EnsureLoadBalancerDeleted {
         cluster: String,
@@ -353,4 +353,47 @@ pub(crate) struct CallCount {
     pub(crate) operation: String,
     pub(crate) result: String,
     pub(crate) count: u64,
+}
+
+/// What the sim cloud reads of a Node: its name and providerID. Sending only that keeps a call
+/// with 1,000 Nodes small (a k8s-openapi `Node` is over a kilobyte even when empty), as a real
+/// cloud API call naming instance IDs would be.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct WireNode {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+}
+
+impl From<&Node> for WireNode {
+    fn from(n: &Node) -> Self {
+        WireNode {
+            name: n.metadata.name.clone().unwrap_or_default(),
+            provider_id: n.spec.as_ref().and_then(|s| s.provider_id.clone()),
+        }
+    }
+}
+
+impl WireNode {
+    /// The minimal Node the sim's lookups need.
+    pub fn into_node(self) -> Node {
+        Node {
+            metadata: ccm_cloud::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(self.name),
+                ..Default::default()
+            },
+            spec: self
+                .provider_id
+                .map(|p| ccm_cloud::k8s_openapi::api::core::v1::NodeSpec {
+                    provider_id: Some(p),
+                    ..Default::default()
+                }),
+            status: None,
+        }
+    }
+}
+
+/// Converts received wire nodes for the sim.
+pub(crate) fn nodes_of(wire: Vec<WireNode>) -> Vec<Node> {
+    wire.into_iter().map(WireNode::into_node).collect()
 }

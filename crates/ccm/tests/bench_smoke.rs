@@ -1,0 +1,64 @@
+//! A small version of every `ccm bench` scenario, so the benchmark keeps working. Numbers are
+//! not asserted (the machine is shared and noisy); only outcomes a user relies on: every
+//! scenario converges, nothing leaks, and the JSON carries its documented fields.
+
+use std::process::Command;
+
+#[test]
+fn every_scenario_runs_small() {
+    let dir = std::env::temp_dir().join(format!("ccm-bench-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let json = dir.join("bench.json");
+    let plots = dir.join("plots");
+    let out = Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args([
+            "bench",
+            "--nodes=20",
+            "--services=5",
+            "--cloud-latency=5ms",
+            "--idle-window=2s",
+            "--churn-duration=3s",
+            "--churn-rate=10",
+            "--memory-nodes=40",
+            "--memory-services=40",
+            "--timeout=120s",
+        ])
+        .arg(format!("--json={}", json.display()))
+        .arg(format!("--plot={}", plots.display()))
+        .output()
+        .expect("run bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench failed: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    assert_eq!(doc["schema"], 1);
+    let scenarios = doc["scenarios"].as_array().expect("scenarios");
+    let names: Vec<&str> = scenarios
+        .iter()
+        .filter_map(|s| s["scenario"].as_str())
+        .collect();
+    assert_eq!(names, ["burst", "idle", "services", "churn", "memory"]);
+    for s in scenarios {
+        assert_eq!(s["converged"], true, "{s}");
+        assert!(
+            s["usage"]["peak_rss_mb"].as_f64().unwrap_or(0.0) > 0.0,
+            "{s}"
+        );
+    }
+    let burst = &scenarios[0];
+    assert!(burst["time_to_initialized"]["p99"].as_f64().is_some());
+    assert!(burst["api_node_writes_per_node"].as_f64().is_some());
+    let idle = scenarios[1]["idle"].as_array().expect("idle modes");
+    assert_eq!(idle.len(), 2);
+    let churn = &scenarios[3];
+    assert_eq!(churn["leaked_load_balancers"], 0);
+    assert_eq!(churn["missing_load_balancers"], 0);
+    assert_eq!(churn["leaked_routes"], 0);
+    assert!(plots.join("burst-initialized.svg").exists());
+    assert!(plots.join("idle-cloud-calls.svg").exists());
+}
