@@ -209,6 +209,9 @@ struct KeyState {
     written_status: Option<Option<LoadBalancerStatus>>,
 }
 
+/// The LB node list with the hash of what it was built from, and its set.
+type LbNodes = (u64, Arc<Vec<Node>>, Arc<NodeSet>);
+
 struct Inner {
     shared: Shared,
     lb: Arc<dyn LoadBalancer>,
@@ -220,7 +223,7 @@ struct Inner {
     state: Mutex<HashMap<String, KeyState>>,
     /// The last LB node list handed out, shared by every Service until the set or an address
     /// changes: 200 Services × 1,000 Nodes must not mean 200 copies of every Node.
-    lb_nodes_cache: Mutex<Option<(u64, Arc<Vec<Node>>, Arc<NodeSet>)>>,
+    lb_nodes_cache: Mutex<Option<LbNodes>>,
     /// Key → UID of Services whose status the delete path cleared. Outlives the key's
     /// [`KeyState`] (which a successful delete removes) so that a following ensure does not
     /// trust a cache still showing the ingress from before the clear. Dropped when the Service
