@@ -415,6 +415,10 @@ pub struct RouteController {
     metrics: Metrics,
     handle: RouteHandle,
     queue_shutdown: CancellationToken,
+    /// Whether the cloud's routes track node addresses (`enable_node_addresses`), as of the
+    /// last ListRoutes. Only then does an address change need a sync; until the first list,
+    /// assume it does.
+    tracks_addresses: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What executing one plan did.
@@ -491,6 +495,7 @@ impl RouteController {
             config,
             handle,
             queue_shutdown,
+            tracks_addresses: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         })
     }
 
@@ -544,13 +549,14 @@ impl RouteController {
 
         let watcher = {
             let (queue, reasons, shutdown) = (queue.clone(), reasons.clone(), shutdown.clone());
+            let tracks_addresses = self.tracks_addresses.clone();
             tokio::spawn(async move {
                 loop {
                     let change = tokio::select! {
                         _ = shutdown.cancelled() => return,
                         c = changes.recv() => match c { Some(c) => c, None => return },
                     };
-                    if needs_sync(&change) {
+                    if needs_sync(&change, tracks_addresses.load(Ordering::Relaxed)) {
                         reasons.lock().node_change = true;
                         queue.add(KEY);
                     }
@@ -661,6 +667,10 @@ impl RouteController {
     async fn reconcile(&self) -> Result<Executed, CloudError> {
         let cluster = self.shared.cluster_name.as_str();
         let routes = self.routes.list_routes(cluster).await?;
+        self.tracks_addresses.store(
+            routes.iter().any(|r| r.enable_node_addresses),
+            Ordering::Relaxed,
+        );
         let nodes: Vec<NodeView> = self
             .shared
             .nodes
@@ -875,10 +885,11 @@ impl RouteController {
     }
 }
 
-/// Upstream's watch-mode node filter: adds and deletes always; updates when `spec.podCIDRs` or
-/// `status.addresses` changed (addresses matter to providers that track them; syncing on every
-/// address change is simpler than asking and costs one noop sync when they do not).
-fn needs_sync(change: &Change<Node>) -> bool {
+/// Upstream's watch-mode node filter: adds and deletes always; updates when `spec.podCIDRs`
+/// changed, or `status.addresses` changed and the cloud's routes track node addresses (upstream
+/// syncs on every address change, which during a burst of initializations is one noop
+/// ListRoutes per storm-limiter interval for providers that do not track them).
+fn needs_sync(change: &Change<Node>, track_addresses: bool) -> bool {
     match (&change.old, &change.new) {
         (Some(old), Some(new)) => {
             let addrs = |n: &Node| n.status.as_ref().and_then(|s| s.addresses.clone());
@@ -889,7 +900,7 @@ fn needs_sync(change: &Change<Node>) -> bool {
                 && !pod_cidrs(new).is_empty()
                 && condition_status(new, NETWORK_UNAVAILABLE) != ConditionStatus::False;
             pod_cidrs(old) != pod_cidrs(new)
-                || addrs(old) != addrs(new)
+                || (track_addresses && addrs(old) != addrs(new))
                 || old.metadata.uid != new.metadata.uid
                 || initialized_without_condition
         }
@@ -942,26 +953,32 @@ mod tests {
             new: Some(n.clone()),
         };
         let a = mk("10.244.1.0/24", "10.0.0.1", "1");
-        assert!(needs_sync(&Change {
-            old: None,
-            new: Some(a.clone())
-        }));
-        assert!(needs_sync(&Change {
-            old: Some(a.clone()),
-            new: None
-        }));
-        assert!(!needs_sync(&change(
-            &a,
-            &mk("10.244.1.0/24", "10.0.0.1", "2")
-        )));
-        assert!(needs_sync(&change(
-            &a,
-            &mk("10.244.2.0/24", "10.0.0.1", "2")
-        )));
-        assert!(needs_sync(&change(
-            &a,
-            &mk("10.244.1.0/24", "10.0.0.2", "2")
-        )));
+        assert!(needs_sync(
+            &Change {
+                old: None,
+                new: Some(a.clone())
+            },
+            false
+        ));
+        assert!(needs_sync(
+            &Change {
+                old: Some(a.clone()),
+                new: None
+            },
+            false
+        ));
+        assert!(!needs_sync(
+            &change(&a, &mk("10.244.1.0/24", "10.0.0.1", "2")),
+            true
+        ));
+        assert!(needs_sync(
+            &change(&a, &mk("10.244.2.0/24", "10.0.0.1", "2")),
+            false
+        ));
+        let moved = mk("10.244.1.0/24", "10.0.0.2", "2");
+        assert!(needs_sync(&change(&a, &moved), true));
+        // Routes that do not track addresses do not care where the node moved.
+        assert!(!needs_sync(&change(&a, &moved), false));
     }
 
     /// `run` must be spawnable: a borrowed item inside a stream combinator once made the
