@@ -5,7 +5,10 @@
 //! waits are the observation windows of the announcement example, where what is asserted is
 //! what *did not* happen (watch mode: zero syncs) or a loose lower bound (interval mode).
 
-use std::future::Future;
+mod common;
+
+use common::wait_for;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +33,6 @@ use tokio_util::sync::CancellationToken;
 
 const CLUSTER: &str = "test-cluster";
 const AGENT: &str = "route-controller";
-const TIMEOUT: Duration = Duration::from_secs(90);
 const PERIOD: Duration = Duration::from_millis(200);
 
 struct Env {
@@ -170,21 +172,6 @@ fn start(env: &Env, config: RouteConfig) -> Running {
         shutdown,
         task,
         registry,
-    }
-}
-
-async fn wait_for<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if cond().await {
-            return;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

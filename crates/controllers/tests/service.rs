@@ -2,8 +2,11 @@
 //!
 //! No timed assertions: every wait polls a condition (20 ms) with a generous timeout.
 
+mod common;
+
+use common::{TIMEOUT, wait_for};
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +29,6 @@ use tokio_util::sync::CancellationToken;
 
 const CLUSTER: &str = "test-cluster";
 const AGENT: &str = "service-controller";
-const TIMEOUT: Duration = Duration::from_secs(90);
 
 struct Env {
     kube: KubeSim,
@@ -138,21 +140,6 @@ fn start(env: &Env, config: ServiceConfig) -> Running {
         shutdown,
         task,
         registry,
-    }
-}
-
-async fn wait_for<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if cond().await {
-            return;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
