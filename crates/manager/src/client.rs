@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tower::{Layer, Service};
 
 /// Requests in flight per client (watches included).
-pub const MAX_IN_FLIGHT: usize = 64;
+pub const MAX_IN_FLIGHT: usize = 16;
 
 /// User agent prefix, as upstream's `cloud-controller-manager`.
 pub const USER_AGENT_BASE: &str = "cloud-controller-manager";
