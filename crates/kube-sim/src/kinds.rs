@@ -446,6 +446,73 @@ fn s<'a>(m: &'a Map<String, Value>, k: &str) -> &'a str {
 
 const SERVICE_TYPES: &[&str] = &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"];
 
+/// kube-apiserver's `dropTypeDependentFields`: when an update changes the type so that a field
+/// no longer applies, and the user left that field as it was, the server clears it — so
+/// `LoadBalancer` → `ClusterIP` does not fail on the allocated nodePorts.
+fn drop_type_dependent_fields(old: &Map<String, Value>, new: &mut Map<String, Value>) {
+    let ty = |m: &Map<String, Value>| {
+        let t = s(m, "type");
+        if t.is_empty() {
+            "ClusterIP".to_string()
+        } else {
+            t.to_string()
+        }
+    };
+    let (old_ty, new_ty) = (ty(old), ty(new));
+    if old_ty == new_ty {
+        return;
+    }
+    let needs_node_port = |t: &str| t == "NodePort" || t == "LoadBalancer";
+    let node_ports = |m: &Map<String, Value>| -> Vec<Option<Value>> {
+        m.get("ports")
+            .and_then(Value::as_array)
+            .map(|ps| ps.iter().map(|p| p.get("nodePort").cloned()).collect())
+            .unwrap_or_default()
+    };
+    if needs_node_port(&old_ty)
+        && !needs_node_port(&new_ty)
+        && node_ports(old) == node_ports(new)
+        && let Some(Value::Array(ports)) = new.get_mut("ports")
+    {
+        for p in ports.iter_mut().filter_map(Value::as_object_mut) {
+            p.remove("nodePort");
+        }
+    }
+    let needs_hc = |t: &str, m: &Map<String, Value>| {
+        t == "LoadBalancer" && s(m, "externalTrafficPolicy") == "Local"
+    };
+    if needs_hc(&old_ty, old)
+        && !needs_hc(&new_ty, new)
+        && old.get("healthCheckNodePort") == new.get("healthCheckNodePort")
+    {
+        new.remove("healthCheckNodePort");
+    }
+    if old_ty == "LoadBalancer" && new_ty != "LoadBalancer" {
+        if new
+            .get("allocateLoadBalancerNodePorts")
+            .is_some_and(|v| !v.is_null())
+            && old.get("allocateLoadBalancerNodePorts") == new.get("allocateLoadBalancerNodePorts")
+        {
+            new.remove("allocateLoadBalancerNodePorts");
+        }
+        if old.get("loadBalancerClass") == new.get("loadBalancerClass") {
+            new.remove("loadBalancerClass");
+        }
+    }
+    let externally_accessible = |t: &str, m: &Map<String, Value>| {
+        needs_node_port(t)
+            || m.get("externalIPs")
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty())
+    };
+    if externally_accessible(&old_ty, old)
+        && !externally_accessible(&new_ty, new)
+        && old.get("externalTrafficPolicy") == new.get("externalTrafficPolicy")
+    {
+        new.remove("externalTrafficPolicy");
+    }
+}
+
 fn service(ctx: &KindCtx, obj: &mut Value, alloc: &mut Allocator, errs: &mut Vec<FieldError>) {
     let old = ctx.old;
     if old.is_none()
@@ -515,6 +582,9 @@ fn service(ctx: &KindCtx, obj: &mut Value, alloc: &mut Allocator, errs: &mut Vec
         return;
     }
     let external = ty == "NodePort" || ty == "LoadBalancer";
+    if let Some(os) = old.and_then(|o| o.get("spec")).and_then(Value::as_object) {
+        drop_type_dependent_fields(os, spec);
+    }
     if let Some(Value::Array(ports)) = spec.get_mut("ports") {
         for p in ports.iter_mut() {
             if let Some(pm) = p.as_object_mut() {

@@ -760,3 +760,61 @@ async fn streaming_list_watcher() {
     }
     task.abort();
 }
+
+/// kube-apiserver's `dropTypeDependentFields`: switching a LoadBalancer Service to ClusterIP
+/// with a patch that leaves the allocated fields alone succeeds, and the server clears them.
+#[tokio::test]
+async fn type_change_drops_fields_that_no_longer_apply() {
+    let sim = sim().await;
+    let api: Api<Service> = Api::namespaced(sim.client().expect("client"), "default");
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "lb"},
+        "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+                 "ports": [{"port": 80}]},
+    }))
+    .expect("service");
+    let created = api
+        .create(&PostParams::default(), &svc)
+        .await
+        .expect("create");
+    let spec = created.spec.expect("spec");
+    assert!(spec.ports.as_ref().expect("ports")[0].node_port.is_some());
+    assert!(spec.health_check_node_port.is_some());
+
+    let patched = api
+        .patch(
+            "lb",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"type": "ClusterIP"}})),
+        )
+        .await
+        .expect("LoadBalancer → ClusterIP is accepted");
+    let spec = patched.spec.expect("spec");
+    assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+    assert_eq!(spec.ports.as_ref().expect("ports")[0].node_port, None);
+    assert_eq!(spec.health_check_node_port, None);
+    assert_eq!(spec.external_traffic_policy, None);
+    assert_eq!(spec.allocate_load_balancer_node_ports, None);
+    assert!(spec.cluster_ip.is_some(), "the clusterIP stays");
+
+    // A user who sets a nodePort while switching to ClusterIP is still refused, as upstream.
+    let back = api
+        .patch(
+            "lb",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"type": "NodePort"}})),
+        )
+        .await
+        .expect("ClusterIP → NodePort allocates");
+    let np = back.spec.expect("spec").ports.expect("ports")[0].node_port;
+    assert!(np.is_some());
+    let err = api
+        .patch(
+            "lb",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"type": "ClusterIP", "ports": [{"port": 80, "nodePort": np.map(|p| p + 1)}]}})),
+        )
+        .await
+        .expect_err("a nodePort the user changed on a ClusterIP Service is invalid");
+    assert!(matches!(err, kube::Error::Api(s) if s.code == 422));
+}
