@@ -235,8 +235,23 @@ impl Store {
         }
     }
 
-    fn commit(&self, g: &mut Inner, res: usize, ev: WatchEvent) {
-        let ev = Arc::new(ev);
+    /// Records one change in the kind's history and sends it to its watchers.
+    fn commit(
+        &self,
+        g: &mut Inner,
+        res: usize,
+        rv: u64,
+        ty: EventType,
+        obj: &Arc<Value>,
+        prev: Option<Arc<Value>>,
+    ) {
+        let ev = Arc::new(WatchEvent {
+            rv,
+            ty,
+            obj: obj.clone(),
+            prev,
+            line: OnceLock::new(),
+        });
         let retention = g.retention;
         let h = &mut g.history[res];
         h.events.push_back(ev.clone());
@@ -335,17 +350,7 @@ impl Store {
         meta_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
         let obj = Arc::new(obj);
         g.objects[res].insert(key, obj.clone());
-        self.commit(
-            &mut g,
-            res,
-            WatchEvent {
-                rv,
-                ty: EventType::Added,
-                obj: obj.clone(),
-                prev: None,
-                line: OnceLock::new(),
-            },
-        );
+        self.commit(&mut g, res, rv, EventType::Added, &obj, None);
         Ok(obj)
     }
 
@@ -558,32 +563,12 @@ impl Store {
             let obj = Arc::new(new);
             g.objects[res].remove(&key);
             kinds::release(res, &obj, &mut g.alloc);
-            self.commit(
-                &mut g,
-                res,
-                WatchEvent {
-                    rv,
-                    ty: EventType::Deleted,
-                    obj: obj.clone(),
-                    prev: Some(old),
-                    line: OnceLock::new(),
-                },
-            );
+            self.commit(&mut g, res, rv, EventType::Deleted, &obj, Some(old));
             return Ok(obj);
         }
         let obj = Arc::new(new);
         g.objects[res].insert(key, obj.clone());
-        self.commit(
-            &mut g,
-            res,
-            WatchEvent {
-                rv,
-                ty: EventType::Modified,
-                obj: obj.clone(),
-                prev: Some(old),
-                line: OnceLock::new(),
-            },
-        );
+        self.commit(&mut g, res, rv, EventType::Modified, &obj, Some(old));
         Ok(obj)
     }
 
@@ -655,17 +640,7 @@ impl Store {
             meta_mut(&mut new).insert("resourceVersion".into(), Value::String(rv.to_string()));
             let obj = Arc::new(new);
             g.objects[res].insert(key, obj.clone());
-            self.commit(
-                &mut g,
-                res,
-                WatchEvent {
-                    rv,
-                    ty: EventType::Modified,
-                    obj: obj.clone(),
-                    prev: Some(old),
-                    line: OnceLock::new(),
-                },
-            );
+            self.commit(&mut g, res, rv, EventType::Modified, &obj, Some(old));
             return Ok(Deleted::Pending(obj));
         }
         g.objects[res].remove(&key);
@@ -679,17 +654,7 @@ impl Store {
         meta_mut(&mut last).insert("resourceVersion".into(), Value::String(rv.to_string()));
         let obj = Arc::new(last);
         kinds::release(res, &obj, &mut g.alloc);
-        self.commit(
-            g,
-            res,
-            WatchEvent {
-                rv,
-                ty: EventType::Deleted,
-                obj: obj.clone(),
-                prev: Some(old),
-                line: OnceLock::new(),
-            },
-        );
+        self.commit(g, res, rv, EventType::Deleted, &obj, Some(old));
         obj
     }
 
