@@ -27,7 +27,6 @@ use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use prometheus_client::registry::Registry;
 use serde_json::json;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -133,25 +132,9 @@ fn config(mode: RouteMode) -> RouteConfig {
     }
 }
 
-struct Running {
-    handle: RouteHandle,
-    shutdown: CancellationToken,
-    task: JoinHandle<()>,
-    registry: Registry,
-}
+type Running = common::Running<RouteHandle>;
 
 impl Running {
-    async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.expect("controller task");
-    }
-
-    fn metrics_text(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("encode");
-        out
-    }
-
     fn syncs(&self) -> u64 {
         self.handle.syncs().total()
     }

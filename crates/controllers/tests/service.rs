@@ -23,7 +23,6 @@ use prometheus_client::registry::Registry;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -104,25 +103,7 @@ fn config() -> ServiceConfig {
     }
 }
 
-struct Running {
-    handle: ServiceHandle,
-    shutdown: CancellationToken,
-    task: JoinHandle<()>,
-    registry: Registry,
-}
-
-impl Running {
-    async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.expect("controller task");
-    }
-
-    fn metrics_text(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("encode");
-        out
-    }
-}
+type Running = common::Running<ServiceHandle>;
 
 /// A controller with its own Shared (fresh caches), as a new process would have.
 fn start(env: &Env, config: ServiceConfig) -> Running {
