@@ -501,28 +501,15 @@ impl RunOptions {
             }
         }
 
-        let mut cluster_cidrs: Vec<ipnet::IpNet> = Vec::new();
-        for part in self
-            .cluster_cidr
-            .split(',')
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-        {
-            match part.parse::<ipnet::IpNet>() {
-                Ok(net) => cluster_cidrs.push(net),
-                Err(_) => errs.push(format!(
-                    "--cluster-cidr: {part:?} is not a CIDR (expected e.g. 10.244.0.0/16 or 10.244.0.0/16,fd00:10:244::/56)"
-                )),
-            }
-        }
-        match cluster_cidrs.as_slice() {
-            [] | [_] => {}
-            [a, b] if matches!(a, ipnet::IpNet::V4(_)) != matches!(b, ipnet::IpNet::V4(_)) => {}
-            [_, _] => errs.push(
-                "--cluster-cidr: two CIDRs must be one IPv4 and one IPv6 (dual-stack)".to_string(),
-            ),
-            _ => errs.push("--cluster-cidr: at most two CIDRs (one IPv4, one IPv6)".to_string()),
-        }
+        // Empty is fine here: only the route controller needs it, and it says so at start.
+        let cluster_cidrs = if self.cluster_cidr.trim().is_empty() {
+            Vec::new()
+        } else {
+            ccm_controllers::route::parse_cluster_cidrs(&self.cluster_cidr).unwrap_or_else(|e| {
+                errs.push(e.to_string());
+                Vec::new()
+            })
+        };
 
         if errs.is_empty() {
             Ok(Validated {
