@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use ccm_controllers::nodeutil::{TAINT_UNINITIALIZED, has_taint};
 use ccm_manager::options::GoDuration;
-use ccm_provider_sim::{Latency, SimCloud, SimOptions, SimServer};
+use ccm_provider_sim::{SimCloud, SimServer};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -248,22 +248,7 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 fn sim_cloud(opts: &BenchOptions, fault_rate: f64) -> anyhow::Result<SimCloud> {
-    let cloud = SimCloud::with_options(SimOptions {
-        seed: Some(7),
-        ..Default::default()
-    });
-    let fixed = opts.cloud_latency.0;
-    cloud.set_latency(
-        "*",
-        Latency {
-            fixed,
-            jitter: fixed / 10,
-        },
-    )?;
-    if fault_rate > 0.0 {
-        cloud.set_error_rate("*", fault_rate.min(1.0))?;
-    }
-    Ok(cloud)
+    crate::cluster::sim_cloud(7, opts.cloud_latency.0, 10, fault_rate)
 }
 
 impl Env {

@@ -352,6 +352,31 @@ fn jiff_now() -> String {
         .to_string()
 }
 
+/// A seeded sim cloud where every call takes `latency` plus up to `latency / jitter_divisor`,
+/// and a `fault_rate` fraction of calls fail (demo and bench differ only in these numbers).
+pub fn sim_cloud(
+    seed: u64,
+    latency: Duration,
+    jitter_divisor: u32,
+    fault_rate: f64,
+) -> anyhow::Result<SimCloud> {
+    let cloud = SimCloud::with_options(ccm_provider_sim::SimOptions {
+        seed: Some(seed),
+        ..Default::default()
+    });
+    cloud.set_latency(
+        "*",
+        ccm_provider_sim::Latency {
+            fixed: latency,
+            jitter: latency / jitter_divisor.max(1),
+        },
+    )?;
+    if fault_rate > 0.0 {
+        cloud.set_error_rate("*", fault_rate.min(1.0))?;
+    }
+    Ok(cloud)
+}
+
 /// Polls `check` every 50 ms until it returns true or `timeout` passes.
 pub async fn wait_until<F, Fut>(timeout: Duration, mut check: F) -> anyhow::Result<bool>
 where

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use ccm_manager::options::{GoDuration, RunOptions};
 use ccm_manager::run::{ControllerHandles, Exit, Runtime};
-use ccm_provider_sim::{Latency, SimCloud, SimOptions};
+use ccm_provider_sim::SimCloud;
 use clap::Parser;
 use futures::StreamExt;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
@@ -153,22 +153,7 @@ impl Ccm {
 }
 
 fn cloud(opts: &DemoOptions) -> anyhow::Result<SimCloud> {
-    let cloud = SimCloud::with_options(SimOptions {
-        seed: Some(42),
-        ..Default::default()
-    });
-    let fixed = opts.cloud_latency.0;
-    cloud.set_latency(
-        "*",
-        Latency {
-            fixed,
-            jitter: fixed / 5,
-        },
-    )?;
-    if opts.fault_rate > 0.0 {
-        cloud.set_error_rate("*", opts.fault_rate.min(1.0))?;
-    }
-    Ok(cloud)
+    crate::cluster::sim_cloud(42, opts.cloud_latency.0, 5, opts.fault_rate)
 }
 
 /// Progress display: bars on a terminal, plain lines otherwise.
