@@ -48,6 +48,8 @@ fn providers() -> ccm_cloud::ProviderRegistry {
     let mut registry = ccm_cloud::ProviderRegistry::new();
     // Invariant: a fresh registry has no "sim" yet, so registering cannot collide.
     ccm_provider_sim::register(&mut registry).expect("fresh registry");
+    #[cfg(feature = "aws")]
+    ccm_provider_aws::register(&mut registry).expect("fresh registry");
     registry
 }
 

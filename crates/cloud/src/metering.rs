@@ -282,6 +282,9 @@ impl CloudProvider for Metered {
     fn has_cluster_id(&self) -> bool {
         self.inner.has_cluster_id()
     }
+    fn register_metrics(&self, registry: &mut Registry) {
+        self.inner.register_metrics(registry);
+    }
     async fn initialize(&self, ctx: InitContext) -> CloudResult<()> {
         self.meter
             .call(op::INITIALIZE, self.inner.initialize(ctx))

@@ -98,6 +98,11 @@ pub trait CloudProvider: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Adds the provider's own metrics (e.g. upstream cloud-provider-aws's
+    /// `cloudprovider_aws_api_*`) to the registry served at `/metrics`. Called once, when the
+    /// manager builds the provider.
+    fn register_metrics(&self, _registry: &mut prometheus_client::registry::Registry) {}
+
     /// Instance lookups (upstream InstancesV2). `None`: the node controllers are skipped.
     fn instances(&self) -> Option<Arc<dyn Instances>> {
         None

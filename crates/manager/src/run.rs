@@ -132,6 +132,7 @@ pub async fn run(
         tracing::warn!("--allow-untagged-cloud is deprecated and has no effect in ccm-rs");
     }
     let provider = build_provider(&v, providers, &rt.cloud_metrics)?;
+    provider.register_metrics(&mut rt.registry.write());
     if !provider.has_cluster_id() && !o.allow_untagged_cloud {
         anyhow::bail!(
             "cloud provider {:?} cannot scope resources to this cluster (no cluster ID); pass --allow-untagged-cloud to run anyway",

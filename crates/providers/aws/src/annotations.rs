@@ -1,0 +1,369 @@
+//! The `service.beta.kubernetes.io/aws-load-balancer-*` annotations this provider reads, parsed
+//! once per call into [`LbSpec`]. Malformed values are errors naming the annotation.
+
+use std::collections::BTreeMap;
+
+use ccm_cloud::{CloudError, CloudResult, Service};
+
+const PREFIX: &str = "service.beta.kubernetes.io/aws-load-balancer-";
+
+/// `aws-load-balancer-type`: `nlb` selects a Network Load Balancer.
+pub const TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-type";
+/// `aws-load-balancer-internal`: any value but `false` makes the LB internal (upstream).
+pub const INTERNAL: &str = "service.beta.kubernetes.io/aws-load-balancer-internal";
+/// `aws-load-balancer-scheme`: `internal` or `internet-facing`.
+pub const SCHEME: &str = "service.beta.kubernetes.io/aws-load-balancer-scheme";
+/// `aws-load-balancer-cross-zone-load-balancing-enabled`: `true` / `false`.
+pub const CROSS_ZONE: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-cross-zone-load-balancing-enabled";
+/// `aws-load-balancer-additional-resource-tags`: `k1=v1,k2=v2`.
+pub const EXTRA_TAGS: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags";
+/// `aws-load-balancer-subnets`: subnet ids or Name tags, comma-separated.
+pub const SUBNETS: &str = "service.beta.kubernetes.io/aws-load-balancer-subnets";
+/// `aws-load-balancer-nlb-target-type`: only `instance` is supported.
+pub const NLB_TARGET_TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type";
+
+/// Health check settings (`aws-load-balancer-healthcheck-*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// `TCP`, `HTTP` or `HTTPS`.
+    pub protocol: String,
+    /// `traffic-port` or a port number.
+    pub port: String,
+    /// Path for HTTP(S) checks.
+    pub path: String,
+    pub healthy: i32,
+    pub unhealthy: i32,
+    pub timeout: i32,
+    pub interval: i32,
+}
+
+/// Which kind of load balancer a Service gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Classic ELB (upstream's default).
+    Classic,
+    /// Network Load Balancer.
+    Network,
+}
+
+/// One Service port: listener port and the NodePort it forwards to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PortMap {
+    pub port: i32,
+    pub node_port: i32,
+}
+
+/// Everything about the LB a Service asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LbSpec {
+    pub kind: Kind,
+    pub internal: bool,
+    pub cross_zone: Option<bool>,
+    pub extra_tags: BTreeMap<String, String>,
+    pub subnets: Vec<String>,
+    pub ports: Vec<PortMap>,
+    pub health: HealthCheck,
+    pub source_ranges: Vec<String>,
+    /// `namespace/name`, for the `kubernetes.io/service-name` tag.
+    pub service_name: String,
+}
+
+fn bad(key: &str, value: &str, expected: &str) -> CloudError {
+    CloudError::Permanent(format!("annotation {key}={value:?}: expected {expected}"))
+}
+
+fn int(ann: &BTreeMap<String, String>, key: &str, default: i32) -> CloudResult<i32> {
+    let full = format!("{PREFIX}healthcheck-{key}");
+    match ann.get(&full) {
+        None => Ok(default),
+        Some(v) => v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n: &i32| *n > 0)
+            .ok_or_else(|| bad(&full, v, "a positive integer")),
+    }
+}
+
+fn boolean(ann: &BTreeMap<String, String>, key: &str) -> CloudResult<Option<bool>> {
+    match ann.get(key).map(|v| v.trim()) {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(v) => Err(bad(key, v, "true or false")),
+    }
+}
+
+fn list(ann: &BTreeMap<String, String>, key: &str) -> Vec<String> {
+    ann.get(key)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn tags(ann: &BTreeMap<String, String>) -> CloudResult<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for kv in list(ann, EXTRA_TAGS) {
+        let (k, v) = kv.split_once('=').unwrap_or((kv.as_str(), ""));
+        if k.trim().is_empty() {
+            return Err(bad(EXTRA_TAGS, &kv, "key=value pairs separated by commas"));
+        }
+        out.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    Ok(out)
+}
+
+fn kind(ann: &BTreeMap<String, String>) -> CloudResult<Kind> {
+    match ann.get(TYPE).map(|v| v.trim()) {
+        None | Some("") | Some("classic") => Ok(Kind::Classic),
+        Some("nlb") => Ok(Kind::Network),
+        Some("external") => Err(CloudError::ImplementedElsewhere),
+        Some(v) => Err(bad(TYPE, v, "nlb (or no annotation for a Classic ELB)")),
+    }
+}
+
+fn internal(ann: &BTreeMap<String, String>) -> CloudResult<bool> {
+    if let Some(s) = ann.get(SCHEME).map(|v| v.trim()) {
+        return match s {
+            "internal" => Ok(true),
+            "internet-facing" => Ok(false),
+            v => Err(bad(SCHEME, v, "internal or internet-facing")),
+        };
+    }
+    Ok(ann.get(INTERNAL).is_some_and(|v| v.trim() != "false"))
+}
+
+fn health(ann: &BTreeMap<String, String>, svc: &Service, kind: Kind) -> CloudResult<HealthCheck> {
+    let spec = svc.spec.as_ref();
+    let local = spec.and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local");
+    let hcnp = spec
+        .and_then(|s| s.health_check_node_port)
+        .filter(|_| local);
+    let get = |k: &str| {
+        ann.get(&format!("{PREFIX}healthcheck-{k}"))
+            .map(|v| v.trim().to_string())
+    };
+    // Upstream: ETP Local checks kube-proxy's healthCheckNodePort over HTTP at /healthz;
+    // otherwise a TCP check of the traffic port.
+    let (def_proto, def_port, def_path) = match hcnp {
+        Some(p) => ("HTTP".to_string(), p.to_string(), "/healthz".to_string()),
+        None => (
+            "TCP".to_string(),
+            "traffic-port".to_string(),
+            "/".to_string(),
+        ),
+    };
+    let protocol = get("protocol")
+        .map(|p| p.to_uppercase())
+        .unwrap_or(def_proto);
+    if !["TCP", "HTTP", "HTTPS"].contains(&protocol.as_str()) {
+        return Err(bad(
+            &format!("{PREFIX}healthcheck-protocol"),
+            &protocol,
+            "TCP, HTTP or HTTPS",
+        ));
+    }
+    let port = get("port").unwrap_or(def_port);
+    if port != "traffic-port" && port.parse::<u16>().is_err() {
+        return Err(bad(
+            &format!("{PREFIX}healthcheck-port"),
+            &port,
+            "traffic-port or a port number",
+        ));
+    }
+    let (healthy, unhealthy, timeout, interval) = match kind {
+        Kind::Classic => (2, 6, 5, 10),
+        Kind::Network => (3, 3, 10, 10),
+    };
+    Ok(HealthCheck {
+        protocol,
+        port,
+        path: get("path").unwrap_or(def_path),
+        healthy: int(ann, "healthy-threshold", healthy)?,
+        unhealthy: int(ann, "unhealthy-threshold", unhealthy)?,
+        timeout: int(ann, "timeout", timeout)?,
+        interval: int(ann, "interval", interval)?,
+    })
+}
+
+/// Reads the Service into an [`LbSpec`].
+pub fn parse(svc: &Service) -> CloudResult<LbSpec> {
+    let ann = svc.metadata.annotations.clone().unwrap_or_default();
+    let kind = kind(&ann)?;
+    if kind == Kind::Network
+        && let Some(t) = ann.get(NLB_TARGET_TYPE).map(|v| v.trim())
+        && t != "instance"
+    {
+        return Err(bad(
+            NLB_TARGET_TYPE,
+            t,
+            "instance (ip targets are not supported yet)",
+        ));
+    }
+    let spec = svc.spec.as_ref();
+    let mut ports = Vec::new();
+    for p in spec.and_then(|s| s.ports.as_ref()).into_iter().flatten() {
+        if p.protocol.as_deref().unwrap_or("TCP") != "TCP" {
+            return Err(CloudError::Permanent(format!(
+                "port {}: only TCP ports are supported by this provider yet",
+                p.port
+            )));
+        }
+        let node_port = p.node_port.ok_or_else(|| {
+            CloudError::retry_after(
+                std::time::Duration::from_secs(1),
+                format!("port {} has no nodePort yet", p.port),
+            )
+        })?;
+        ports.push(PortMap {
+            port: p.port,
+            node_port,
+        });
+    }
+    ports.sort();
+    let source_ranges = spec
+        .and_then(|s| s.load_balancer_source_ranges.clone())
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| vec!["0.0.0.0/0".to_string()]);
+    Ok(LbSpec {
+        kind,
+        internal: internal(&ann)?,
+        cross_zone: boolean(&ann, CROSS_ZONE)?,
+        extra_tags: tags(&ann)?,
+        subnets: list(&ann, SUBNETS),
+        health: health(&ann, svc, kind)?,
+        ports,
+        source_ranges,
+        service_name: format!(
+            "{}/{}",
+            svc.metadata.namespace.as_deref().unwrap_or("default"),
+            svc.metadata.name.as_deref().unwrap_or("")
+        ),
+    })
+}
+
+/// The LB kind without reading the rest (for get/delete, which must work on any Service).
+pub fn kind_of(svc: &Service) -> Kind {
+    let ann = svc.metadata.annotations.clone().unwrap_or_default();
+    kind(&ann).unwrap_or(Kind::Classic)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(ann: &[(&str, &str)], local: bool) -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop", "uid": "1234",
+                "annotations": ann.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>()},
+            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": if local { "Local" } else { "Cluster" },
+                "healthCheckNodePort": 32000,
+                "ports": [{"port": 443, "nodePort": 30443, "protocol": "TCP"}, {"port": 80, "nodePort": 30080}]},
+        }))
+        .expect("service")
+    }
+
+    #[test]
+    fn defaults_are_upstreams() {
+        let s = parse(&svc(&[], false)).expect("ok");
+        assert_eq!(s.kind, Kind::Classic);
+        assert!(!s.internal);
+        assert_eq!(
+            s.ports,
+            vec![
+                PortMap {
+                    port: 80,
+                    node_port: 30080
+                },
+                PortMap {
+                    port: 443,
+                    node_port: 30443
+                }
+            ]
+        );
+        assert_eq!(
+            (s.health.protocol.as_str(), s.health.port.as_str()),
+            ("TCP", "traffic-port")
+        );
+        assert_eq!(
+            (
+                s.health.healthy,
+                s.health.unhealthy,
+                s.health.timeout,
+                s.health.interval
+            ),
+            (2, 6, 5, 10)
+        );
+        assert_eq!(s.source_ranges, vec!["0.0.0.0/0"]);
+        assert_eq!(s.service_name, "shop/web");
+        let local = parse(&svc(&[], true)).expect("ok");
+        assert_eq!(
+            (
+                local.health.protocol.as_str(),
+                local.health.port.as_str(),
+                local.health.path.as_str()
+            ),
+            ("HTTP", "32000", "/healthz")
+        );
+    }
+
+    #[test]
+    fn annotations_are_read() {
+        let s = parse(&svc(
+            &[
+                (TYPE, "nlb"),
+                (INTERNAL, "true"),
+                (CROSS_ZONE, "true"),
+                (EXTRA_TAGS, "team=a, cost=b"),
+                (SUBNETS, "subnet-1, subnet-2"),
+                (
+                    "service.beta.kubernetes.io/aws-load-balancer-healthcheck-interval",
+                    "30",
+                ),
+            ],
+            false,
+        ))
+        .expect("ok");
+        assert_eq!(s.kind, Kind::Network);
+        assert!(s.internal);
+        assert_eq!(s.cross_zone, Some(true));
+        assert_eq!(s.extra_tags.get("cost").map(String::as_str), Some("b"));
+        assert_eq!(s.subnets, vec!["subnet-1", "subnet-2"]);
+        assert_eq!(s.health.interval, 30);
+        assert!(
+            !parse(&svc(
+                &[(INTERNAL, "true"), (SCHEME, "internet-facing")],
+                false
+            ))
+            .expect("ok")
+            .internal
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_annotation() {
+        for (k, v) in [
+            (TYPE, "alb"),
+            (CROSS_ZONE, "yes"),
+            (
+                "service.beta.kubernetes.io/aws-load-balancer-healthcheck-timeout",
+                "5s",
+            ),
+            (SCHEME, "public"),
+        ] {
+            let e = parse(&svc(&[(k, v)], false)).expect_err(k);
+            assert!(e.to_string().contains(k), "{e}");
+        }
+        assert!(matches!(
+            parse(&svc(&[(TYPE, "external")], false)),
+            Err(CloudError::ImplementedElsewhere)
+        ));
+    }
+}

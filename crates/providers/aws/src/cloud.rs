@@ -1,0 +1,258 @@
+//! The provider value: configuration, lazily built SDK clients, the metered call wrapper and
+//! what it remembers between calls.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
+use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
+use ccm_cloud::{
+    CloudError, CloudProvider, CloudResult, ConfigError, InitContext, Instances, LoadBalancer,
+    ProviderRegistry, RegistryError, Routes,
+};
+use parking_lot::Mutex;
+use prometheus_client::registry::Registry;
+use tokio::sync::OnceCell;
+
+use crate::config::{AwsConfig, Service};
+use crate::metrics::AwsMetrics;
+
+/// The `--cloud-provider` name and provider-ID scheme.
+pub const PROVIDER_NAME: &str = "aws";
+
+/// The SDK clients, built on first use (loading credentials and region is async; provider
+/// construction is not).
+pub(crate) struct Clients {
+    pub ec2: aws_sdk_ec2::Client,
+    pub elb: aws_sdk_elasticloadbalancing::Client,
+    pub elbv2: aws_sdk_elasticloadbalancingv2::Client,
+    pub region: String,
+}
+
+/// What the provider learned about an instance from a `DescribeInstances` answer and may reuse.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Known {
+    pub vpc: String,
+    pub source_dest_check: Option<bool>,
+    pub security_groups: Vec<String>,
+}
+
+/// Facts that rarely change, kept between calls so idle reconciles cost no AWS calls.
+#[derive(Default)]
+pub(crate) struct Memory {
+    /// Node name → instance id, learned from Nodes with a providerID and from name lookups.
+    pub node_to_instance: HashMap<String, String>,
+    /// Instance id → Node name, the reverse of the above.
+    pub instance_to_node: HashMap<String, String>,
+    /// Instance id → facts.
+    pub instances: HashMap<String, Known>,
+    /// Route table ids per cluster id.
+    pub route_tables: HashMap<String, Vec<String>>,
+    /// Availability zone name → zone id.
+    pub zone_ids: HashMap<String, String>,
+    /// (node security group, LB security group) pairs known to have the allow rule.
+    pub sg_rules: std::collections::HashSet<(String, String)>,
+}
+
+pub(crate) struct Inner {
+    pub cfg: AwsConfig,
+    /// Instance lookups waiting for the next `DescribeInstances` (see `instances::coalesced`).
+    pub pending: Mutex<crate::instances::Pending>,
+    /// Held while a coalesced lookup is in flight.
+    pub flight: tokio::sync::Mutex<()>,
+    sdk: Option<SdkConfig>,
+    clients: OnceCell<Clients>,
+    pub metrics: AwsMetrics,
+    pub memory: Mutex<Memory>,
+}
+
+/// The AWS cloud provider. Cheap to clone; clones share clients, metrics and memory.
+#[derive(Clone)]
+pub struct AwsCloud {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// The HTTPS client the provider uses: rustls on ring, the workspace's one TLS stack. Tests
+/// building their own [`SdkConfig`] pass it to `aws_config::ConfigLoader::http_client`.
+pub fn https_client() -> aws_sdk_ec2::config::SharedHttpClient {
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(Provider::Rustls(CryptoMode::Ring))
+        .build_https()
+}
+
+/// Registers `aws` in `registry`: `--cloud-provider=aws --cloud-config=<toml>`.
+pub fn register(registry: &mut ProviderRegistry) -> Result<(), RegistryError> {
+    registry.register(PROVIDER_NAME, |cfg| {
+        let cfg = AwsConfig::from_cloud_config(cfg)?;
+        Ok(Arc::new(AwsCloud::new(cfg)) as Arc<dyn CloudProvider>)
+    })
+}
+
+impl AwsCloud {
+    /// A provider using the SDK's default credential and region chain.
+    pub fn new(cfg: AwsConfig) -> Self {
+        Self::build(cfg, None)
+    }
+
+    /// A provider on a given SDK config (tests, or binaries with their own credential setup).
+    /// The cloud-config's region and endpoint overrides still apply.
+    pub fn with_sdk_config(cfg: AwsConfig, sdk: SdkConfig) -> Self {
+        Self::build(cfg, Some(sdk))
+    }
+
+    fn build(cfg: AwsConfig, sdk: Option<SdkConfig>) -> Self {
+        AwsCloud {
+            inner: Arc::new(Inner {
+                cfg,
+                pending: Mutex::default(),
+                flight: tokio::sync::Mutex::new(()),
+                sdk,
+                clients: OnceCell::new(),
+                metrics: AwsMetrics::default(),
+                memory: Mutex::new(Memory::default()),
+            }),
+        }
+    }
+
+    /// The AWS API metrics of this provider.
+    pub fn metrics(&self) -> &AwsMetrics {
+        &self.inner.metrics
+    }
+
+    pub(crate) async fn clients(&self) -> CloudResult<&Clients> {
+        self.inner
+            .clients
+            .get_or_try_init(|| load_clients(&self.inner.cfg, self.inner.sdk.clone()))
+            .await
+    }
+
+    /// The cluster tag id: the cloud-config's `kubernetes_cluster_id`, else `--cluster-name`.
+    pub(crate) fn cluster_id<'a>(&'a self, cluster: &'a str) -> &'a str {
+        self.inner
+            .cfg
+            .kubernetes_cluster_id
+            .as_deref()
+            .unwrap_or(cluster)
+    }
+
+    /// Runs one SDK operation, recording upstream's metrics, and returns the raw SDK error so
+    /// callers can act on specific codes (`InvalidInstanceID.NotFound`, `RouteAlreadyExists`).
+    pub(crate) async fn call_raw<T, E, R>(
+        &self,
+        request: &'static str,
+        fut: impl Future<Output = Result<T, SdkError<E, R>>>,
+    ) -> Result<T, SdkError<E, R>> {
+        let start = Instant::now();
+        let out = fut.await;
+        self.inner
+            .metrics
+            .observe(request, start.elapsed().as_secs_f64(), out.is_err());
+        out
+    }
+
+    /// [`AwsCloud::call_raw`] with the error mapped to a [`CloudError`].
+    pub(crate) async fn call<T, E, R>(
+        &self,
+        request: &'static str,
+        fut: impl Future<Output = Result<T, SdkError<E, R>>>,
+    ) -> CloudResult<T>
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+        R: std::fmt::Debug + Send + Sync + 'static,
+    {
+        self.call_raw(request, fut)
+            .await
+            .map_err(|e| crate::error::map(request, e))
+    }
+}
+
+async fn load_clients(cfg: &AwsConfig, sdk: Option<SdkConfig>) -> CloudResult<Clients> {
+    let mut sdk = match sdk {
+        Some(s) => s,
+        None => {
+            let mut loader =
+                aws_config::defaults(BehaviorVersion::latest()).http_client(https_client());
+            if let Some(r) = &cfg.region {
+                loader = loader.region(Region::new(r.clone()));
+            }
+            loader.load().await
+        }
+    };
+    if let Some(r) = &cfg.region {
+        sdk = sdk.into_builder().region(Region::new(r.clone())).build();
+    }
+    if let Some(role) = &cfg.role_arn {
+        sdk = assume_role(cfg, sdk, role).await;
+    }
+    let region = sdk.region().map(|r| r.to_string()).ok_or_else(|| {
+        CloudError::Permanent(ConfigError::field("region", "no AWS region found: set region in --cloud-config, or AWS_REGION, or run on EC2 (IMDS)").to_string())
+    })?;
+    let mut ec2 = aws_sdk_ec2::config::Builder::from(&sdk);
+    ec2.set_endpoint_url(cfg.endpoint(Service::Ec2).map(String::from));
+    let mut elb = aws_sdk_elasticloadbalancing::config::Builder::from(&sdk);
+    elb.set_endpoint_url(
+        cfg.endpoint(Service::Elasticloadbalancing)
+            .map(String::from),
+    );
+    let mut elbv2 = aws_sdk_elasticloadbalancingv2::config::Builder::from(&sdk);
+    elbv2.set_endpoint_url(
+        cfg.endpoint(Service::Elasticloadbalancingv2)
+            .map(String::from),
+    );
+    let (ec2, elb, elbv2) = (ec2.build(), elb.build(), elbv2.build());
+    tracing::info!(%region, "AWS clients ready");
+    Ok(Clients {
+        ec2: aws_sdk_ec2::Client::from_conf(ec2),
+        elb: aws_sdk_elasticloadbalancing::Client::from_conf(elb),
+        elbv2: aws_sdk_elasticloadbalancingv2::Client::from_conf(elbv2),
+        region,
+    })
+}
+
+async fn assume_role(cfg: &AwsConfig, sdk: SdkConfig, role: &str) -> SdkConfig {
+    let mut sts_cfg = sdk.clone();
+    if let Some(url) = cfg.endpoint(Service::Sts) {
+        sts_cfg = sts_cfg.into_builder().endpoint_url(url).build();
+    }
+    let provider = aws_config::sts::AssumeRoleProvider::builder(role)
+        .session_name("ccm-rs")
+        .configure(&sts_cfg)
+        .build()
+        .await;
+    sdk.into_builder()
+        .credentials_provider(aws_sdk_ec2::config::SharedCredentialsProvider::new(
+            provider,
+        ))
+        .build()
+}
+
+#[async_trait]
+impl CloudProvider for AwsCloud {
+    fn provider_name(&self) -> &str {
+        PROVIDER_NAME
+    }
+
+    async fn initialize(&self, _ctx: InitContext) -> CloudResult<()> {
+        self.clients().await.map(|_| ())
+    }
+
+    fn register_metrics(&self, registry: &mut Registry) {
+        self.inner.metrics.register(registry);
+    }
+
+    fn instances(&self) -> Option<Arc<dyn Instances>> {
+        Some(Arc::new(self.clone()))
+    }
+
+    fn load_balancer(&self) -> Option<Arc<dyn LoadBalancer>> {
+        Some(Arc::new(self.clone()))
+    }
+
+    fn routes(&self) -> Option<Arc<dyn Routes>> {
+        Some(Arc::new(self.clone()))
+    }
+}

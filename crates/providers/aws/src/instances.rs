@@ -1,0 +1,654 @@
+//! Instances: batched `DescribeInstances`, providerIDs, node addresses in upstream's order,
+//! existence and shutdown.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use async_trait::async_trait;
+use aws_sdk_ec2::types::{Filter, Instance, InstanceStateName, NetworkInterfaceStatus};
+use ccm_cloud::{
+    CloudError, CloudResult, InstanceMetadata, InstanceStatus, Instances, Node, NodeAddress,
+    node_name, node_provider_id,
+};
+
+use crate::cloud::{AwsCloud, Known};
+use crate::config::IpFamily;
+use crate::error;
+use crate::providerid::{parse_provider_id, provider_id};
+
+/// Instance ids per `DescribeInstances` call (the API's limit for `InstanceIds`).
+pub const MAX_IDS_PER_CALL: usize = 1000;
+/// Names per `private-dns-name` filter: EC2 allows 200; upstream uses 150, so do we.
+const MAX_FILTER_VALUES: usize = 150;
+/// Upstream's `topology.k8s.aws/zone-id` label.
+pub const LABEL_ZONE_ID: &str = "topology.k8s.aws/zone-id";
+/// The code EC2 answers when any id in `InstanceIds` does not exist.
+const NOT_FOUND: &str = "InvalidInstanceID.NotFound";
+
+/// Lookups queued while another `DescribeInstances` is in flight; the next caller to get the
+/// flight lock answers all of them with one call (per 1,000 ids / 150 names), so a burst of
+/// Nodes arriving in many small controller batches still costs the cloud a handful of calls.
+#[derive(Default)]
+pub(crate) struct Pending {
+    ids: BTreeSet<String>,
+    names: BTreeSet<String>,
+    waiters: Vec<oneshot::Sender<Arc<Found>>>,
+}
+
+/// The answer to one coalesced lookup.
+pub(crate) struct Found {
+    by_id: CloudResult<HashMap<String, Instance>>,
+    by_name: CloudResult<HashMap<String, Instance>>,
+}
+
+/// How a Node is found in EC2.
+enum Key {
+    Id(String),
+    Name(String),
+    Bad(CloudError),
+}
+
+fn key(node: &Node) -> Key {
+    let pid = node_provider_id(node);
+    if pid.is_empty() {
+        return Key::Name(node_name(node).to_string());
+    }
+    match parse_provider_id(pid) {
+        Ok(id) => Key::Id(id.to_string()),
+        Err(e) => Key::Bad(e),
+    }
+}
+
+/// Node addresses of an instance in upstream's order: per address family asked for, IPv4 gives
+/// the private IPs of in-use interfaces by device index, the public IP, the private DNS name
+/// (as InternalDNS and Hostname) and the public DNS name; IPv6 gives the first IPv6 address of
+/// each in-use interface.
+pub fn node_addresses(inst: &Instance, families: &[IpFamily]) -> Vec<NodeAddress> {
+    let addr = |t: &str, a: &str| NodeAddress {
+        type_: t.to_string(),
+        address: a.to_string(),
+    };
+    let mut enis: Vec<_> = inst
+        .network_interfaces()
+        .iter()
+        .filter(|n| n.status() == Some(&NetworkInterfaceStatus::InUse))
+        .collect();
+    enis.sort_by_key(|n| {
+        n.attachment()
+            .and_then(|a| a.device_index())
+            .unwrap_or(i32::MAX)
+    });
+    let mut out = Vec::new();
+    for family in families {
+        match family {
+            IpFamily::Ipv4 => {
+                let mut private: Vec<&str> = enis
+                    .iter()
+                    .flat_map(|n| n.private_ip_addresses())
+                    .filter_map(|p| p.private_ip_address())
+                    .collect();
+                if private.is_empty()
+                    && let Some(ip) = inst.private_ip_address()
+                {
+                    private.push(ip);
+                }
+                out.extend(private.into_iter().map(|ip| addr("InternalIP", ip)));
+                if let Some(ip) = inst.public_ip_address().filter(|s| !s.is_empty()) {
+                    out.push(addr("ExternalIP", ip));
+                }
+                if let Some(dns) = inst.private_dns_name().filter(|s| !s.is_empty()) {
+                    out.push(addr("InternalDNS", dns));
+                    out.push(addr("Hostname", dns));
+                }
+                if let Some(dns) = inst.public_dns_name().filter(|s| !s.is_empty()) {
+                    out.push(addr("ExternalDNS", dns));
+                }
+            }
+            IpFamily::Ipv6 => out.extend(
+                enis.iter()
+                    .filter_map(|n| n.ipv6_addresses().first())
+                    .filter_map(|a| a.ipv6_address())
+                    .map(|ip| addr("InternalIP", ip)),
+            ),
+        }
+    }
+    out
+}
+
+fn state(inst: &Instance) -> Option<&InstanceStateName> {
+    inst.state().and_then(|s| s.name())
+}
+
+fn status_of(inst: Option<&Instance>) -> InstanceStatus {
+    let state = inst.and_then(state);
+    let terminated = matches!(
+        state,
+        Some(InstanceStateName::Terminated) | Some(InstanceStateName::ShuttingDown)
+    );
+    InstanceStatus {
+        exists: inst.is_some() && !terminated,
+        shutdown: !terminated
+            && matches!(
+                state,
+                Some(InstanceStateName::Stopped) | Some(InstanceStateName::Stopping)
+            ),
+    }
+}
+
+fn known(inst: &Instance) -> Known {
+    Known {
+        vpc: inst.vpc_id().unwrap_or_default().to_string(),
+        source_dest_check: inst.source_dest_check(),
+        security_groups: inst
+            .security_groups()
+            .iter()
+            .filter_map(|g| g.group_id().map(String::from))
+            .collect(),
+    }
+}
+
+fn zone_of(inst: &Instance) -> &str {
+    inst.placement()
+        .and_then(|p| p.availability_zone())
+        .unwrap_or_default()
+}
+
+/// Instance ids named in an `InvalidInstanceID.NotFound` message
+/// (`The instance IDs 'i-1, i-2' do not exist`).
+pub(crate) fn ids_in_message(message: &str) -> Vec<String> {
+    message
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|w| w.starts_with("i-") && w.len() > 2)
+        .map(String::from)
+        .collect()
+}
+
+impl AwsCloud {
+    /// One `DescribeInstances` (all pages) by ids or by filters.
+    async fn describe_pages(
+        &self,
+        ids: Option<Vec<String>>,
+        filters: Option<Vec<Filter>>,
+    ) -> Result<
+        Vec<Instance>,
+        aws_sdk_ec2::error::SdkError<
+            aws_sdk_ec2::operation::describe_instances::DescribeInstancesError,
+            aws_sdk_ec2::config::http::HttpResponse,
+        >,
+    > {
+        let ec2 = match self.clients().await {
+            Ok(c) => c.ec2.clone(),
+            Err(e) => {
+                return Err(aws_sdk_ec2::error::SdkError::construction_failure(e));
+            }
+        };
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut req = ec2
+                .describe_instances()
+                .set_instance_ids(ids.clone())
+                .set_filters(filters.clone())
+                .set_next_token(token.take());
+            if ids.is_none() {
+                req = req.max_results(1000);
+            }
+            let page = self.call_raw("DescribeInstances", req.send()).await?;
+            out.extend(
+                page.reservations()
+                    .iter()
+                    .flat_map(|r| r.instances().iter().cloned()),
+            );
+            match page.next_token() {
+                Some(t) if !t.is_empty() => token = Some(t.to_string()),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// Instances by id, at most [`MAX_IDS_PER_CALL`] per call. Ids EC2 does not know are left
+    /// out (one more call per chunk that has any, since EC2 fails the whole call for them).
+    pub(crate) async fn describe_ids(
+        &self,
+        ids: &[String],
+    ) -> CloudResult<HashMap<String, Instance>> {
+        let mut out = HashMap::new();
+        for chunk in ids.chunks(MAX_IDS_PER_CALL) {
+            let mut want: Vec<String> = chunk.to_vec();
+            want.sort();
+            want.dedup();
+            while !want.is_empty() {
+                match self.describe_pages(Some(want.clone()), None).await {
+                    Ok(list) => {
+                        for inst in list {
+                            if let Some(id) = inst.instance_id() {
+                                out.insert(id.to_string(), inst);
+                            }
+                        }
+                        break;
+                    }
+                    Err(e) if error::code(&e) == Some(NOT_FOUND) => {
+                        let missing = ids_in_message(
+                            aws_sdk_ec2::error::ProvideErrorMetadata::message(&e).unwrap_or(""),
+                        );
+                        let before = want.len();
+                        want.retain(|id| !missing.contains(id));
+                        if want.len() == before {
+                            return Err(error::map("DescribeInstances", e));
+                        }
+                    }
+                    Err(e) => return Err(error::map("DescribeInstances", e)),
+                }
+            }
+        }
+        self.remember(out.values());
+        Ok(out)
+    }
+
+    /// Live instances by private DNS name (upstream's lookup for Nodes without providerID).
+    pub(crate) async fn describe_names(
+        &self,
+        names: &[String],
+    ) -> CloudResult<HashMap<String, Instance>> {
+        let live = Filter::builder()
+            .name("instance-state-name")
+            .set_values(Some(
+                ["pending", "running", "stopping", "stopped"]
+                    .map(String::from)
+                    .to_vec(),
+            ))
+            .build();
+        // Many names: list the cluster's VPC instead (1,000 instances per page) when it is
+        // known, rather than one call per 150 names.
+        let scopes: Vec<Filter> = match self.known_vpc().filter(|_| names.len() > MAX_FILTER_VALUES)
+        {
+            Some(vpc) => vec![Filter::builder().name("vpc-id").values(vpc).build()],
+            None => names
+                .chunks(MAX_FILTER_VALUES)
+                .map(|c| {
+                    Filter::builder()
+                        .name("private-dns-name")
+                        .set_values(Some(c.to_vec()))
+                        .build()
+                })
+                .collect(),
+        };
+        let wanted: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+        let mut out = HashMap::new();
+        for scope in scopes {
+            let list = self
+                .describe_pages(None, Some(vec![scope, live.clone()]))
+                .await
+                .map_err(|e| error::map("DescribeInstances", e))?;
+            for inst in list {
+                if let Some(dns) = inst.private_dns_name().filter(|d| wanted.contains(d)) {
+                    out.insert(dns.to_string(), inst);
+                }
+            }
+        }
+        let mut mem = self.inner.memory.lock();
+        for (name, inst) in &out {
+            if let Some(id) = inst.instance_id() {
+                mem.node_to_instance.insert(name.clone(), id.to_string());
+                mem.instance_to_node.insert(id.to_string(), name.clone());
+            }
+        }
+        drop(mem);
+        self.remember(out.values());
+        Ok(out)
+    }
+
+    /// The cluster's VPC: the cloud-config's, else the one VPC every known instance is in.
+    pub(crate) fn known_vpc(&self) -> Option<String> {
+        if let Some(v) = &self.inner.cfg.vpc {
+            return Some(v.clone());
+        }
+        let mem = self.inner.memory.lock();
+        let vpcs: BTreeSet<&str> = mem
+            .instances
+            .values()
+            .map(|k| k.vpc.as_str())
+            .filter(|v| !v.is_empty())
+            .collect();
+        (vpcs.len() == 1).then(|| vpcs.into_iter().next().unwrap_or_default().to_string())
+    }
+
+    fn remember<'a>(&self, insts: impl Iterator<Item = &'a Instance>) {
+        let mut mem = self.inner.memory.lock();
+        for inst in insts {
+            if let Some(id) = inst.instance_id() {
+                mem.instances.insert(id.to_string(), known(inst));
+            }
+        }
+    }
+
+    /// Queues `ids` and `names` and waits for a `DescribeInstances` that includes them: its own
+    /// when no call is in flight, else the next one, shared with every lookup queued meanwhile.
+    async fn coalesced(&self, ids: Vec<String>, names: Vec<String>) -> Arc<Found> {
+        let (tx, mut rx) = oneshot::channel();
+        {
+            let mut p = self.inner.pending.lock();
+            p.ids.extend(ids);
+            p.names.extend(names);
+            p.waiters.push(tx);
+        }
+        let _flight = self.inner.flight.lock().await;
+        if let Ok(done) = rx.try_recv() {
+            return done;
+        }
+        let batch = std::mem::take(&mut *self.inner.pending.lock());
+        let ids: Vec<String> = batch.ids.into_iter().collect();
+        let names: Vec<String> = batch.names.into_iter().collect();
+        let found = Arc::new(Found {
+            by_id: if ids.is_empty() {
+                Ok(HashMap::new())
+            } else {
+                self.describe_ids(&ids).await
+            },
+            by_name: if names.is_empty() {
+                Ok(HashMap::new())
+            } else {
+                self.describe_names(&names).await
+            },
+        });
+        for w in batch.waiters {
+            let _ = w.send(found.clone());
+        }
+        // Our own sender was in the batch; the fallback only guards against a logic slip.
+        rx.await.unwrap_or(found)
+    }
+
+    /// The instance behind each Node (`Ok(None)`: no such instance), in two calls at most per
+    /// 1,000 Nodes: one by id for Nodes with a providerID, one by name for the rest.
+    async fn lookup(&self, nodes: &[Node]) -> Vec<CloudResult<Option<Instance>>> {
+        let keys: Vec<Key> = nodes.iter().map(key).collect();
+        let ids: Vec<String> = keys
+            .iter()
+            .filter_map(|k| match k {
+                Key::Id(id) => Some(id.clone()),
+                _ => None,
+            })
+            .collect();
+        let names: Vec<String> = keys
+            .iter()
+            .filter_map(|k| match k {
+                Key::Name(n) => Some(n.clone()),
+                _ => None,
+            })
+            .collect();
+        let found = self.coalesced(ids, names).await;
+        let (by_id, by_name) = (&found.by_id, &found.by_name);
+        {
+            let mut mem = self.inner.memory.lock();
+            for (node, k) in nodes.iter().zip(&keys) {
+                if let Key::Id(id) = k {
+                    mem.node_to_instance
+                        .insert(node_name(node).to_string(), id.clone());
+                    mem.instance_to_node
+                        .insert(id.clone(), node_name(node).to_string());
+                }
+            }
+        }
+        keys.into_iter()
+            .map(|k| match k {
+                Key::Id(id) => by_id
+                    .as_ref()
+                    .map(|m| m.get(&id).cloned())
+                    .map_err(Clone::clone),
+                Key::Name(n) => by_name
+                    .as_ref()
+                    .map(|m| m.get(&n).cloned())
+                    .map_err(Clone::clone),
+                Key::Bad(e) => Err(e),
+            })
+            .collect()
+    }
+
+    /// Zone ids for the zones of `insts` that the instances themselves do not carry: one
+    /// `DescribeAvailabilityZones` the first time, remembered after.
+    async fn zone_ids(&self, insts: &[&Instance]) -> CloudResult<HashMap<String, String>> {
+        let missing = insts.iter().any(|i| {
+            i.placement()
+                .and_then(|p| p.availability_zone_id())
+                .is_none()
+                && !self.inner.memory.lock().zone_ids.contains_key(zone_of(i))
+        });
+        if missing {
+            let ec2 = self.clients().await?.ec2.clone();
+            let out = self
+                .call(
+                    "DescribeAvailabilityZones",
+                    ec2.describe_availability_zones().send(),
+                )
+                .await?;
+            let mut mem = self.inner.memory.lock();
+            for z in out.availability_zones() {
+                if let (Some(name), Some(id)) = (z.zone_name(), z.zone_id()) {
+                    mem.zone_ids.insert(name.to_string(), id.to_string());
+                }
+            }
+        }
+        Ok(self.inner.memory.lock().zone_ids.clone())
+    }
+
+    fn metadata(
+        &self,
+        inst: &Instance,
+        region: &str,
+        zone_ids: &HashMap<String, String>,
+    ) -> InstanceMetadata {
+        let zone = zone_of(inst);
+        let mut labels = std::collections::BTreeMap::new();
+        let zone_id = inst
+            .placement()
+            .and_then(|p| p.availability_zone_id())
+            .map(String::from)
+            .or_else(|| zone_ids.get(zone).cloned());
+        if let Some(id) = zone_id {
+            labels.insert(LABEL_ZONE_ID.to_string(), id);
+        }
+        InstanceMetadata {
+            provider_id: provider_id(zone, inst.instance_id().unwrap_or_default()),
+            instance_type: inst
+                .instance_type()
+                .map(|t| t.as_str().to_string())
+                .unwrap_or_default(),
+            node_addresses: node_addresses(inst, &self.inner.cfg.node_ip_families),
+            zone: zone.to_string(),
+            region: region.to_string(),
+            additional_labels: labels,
+        }
+    }
+}
+
+#[async_trait]
+impl Instances for AwsCloud {
+    async fn instance_exists(&self, node: &Node) -> CloudResult<bool> {
+        let mut s = self.instances_status(std::slice::from_ref(node)).await;
+        s.pop()
+            .unwrap_or(Err(CloudError::InstanceNotFound))
+            .map(|s| s.exists)
+    }
+
+    async fn instance_shutdown(&self, node: &Node) -> CloudResult<bool> {
+        let mut s = self.instances_status(std::slice::from_ref(node)).await;
+        s.pop()
+            .unwrap_or(Err(CloudError::InstanceNotFound))
+            .map(|s| s.shutdown)
+    }
+
+    async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
+        let mut m = self.instances_metadata(std::slice::from_ref(node)).await;
+        m.pop().unwrap_or(Err(CloudError::InstanceNotFound))
+    }
+
+    async fn instances_metadata(
+        &self,
+        nodes: &[Node],
+    ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
+        let found = self.lookup(nodes).await;
+        let live: Vec<&Instance> = found
+            .iter()
+            .filter_map(|r| r.as_ref().ok().and_then(Option::as_ref))
+            .collect();
+        let region = match self.clients().await {
+            Ok(c) => c.region.clone(),
+            Err(e) => return nodes.iter().map(|_| Err(e.clone())).collect(),
+        };
+        let zone_ids = match self.zone_ids(&live).await {
+            Ok(z) => z,
+            Err(e) => return nodes.iter().map(|_| Err(e.clone())).collect(),
+        };
+        found
+            .into_iter()
+            .map(|r| match r? {
+                Some(inst) if status_of(Some(&inst)).exists => {
+                    Ok(Some(self.metadata(&inst, &region, &zone_ids)))
+                }
+                _ => Err(CloudError::InstanceNotFound),
+            })
+            .collect()
+    }
+
+    async fn instances_status(&self, nodes: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
+        self.lookup(nodes)
+            .await
+            .into_iter()
+            .map(|r| r.map(|inst| status_of(inst.as_ref())))
+            .collect()
+    }
+
+    fn native_batching(&self) -> bool {
+        true
+    }
+
+    fn max_batch_size(&self) -> usize {
+        MAX_IDS_PER_CALL
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_ec2::types::{
+        InstanceIpv6Address, InstanceNetworkInterface, InstanceNetworkInterfaceAttachment,
+        InstancePrivateIpAddress, InstanceState,
+    };
+
+    fn eni(index: i32, ips: &[&str], v6: &[&str]) -> InstanceNetworkInterface {
+        InstanceNetworkInterface::builder()
+            .status(NetworkInterfaceStatus::InUse)
+            .attachment(
+                InstanceNetworkInterfaceAttachment::builder()
+                    .device_index(index)
+                    .build(),
+            )
+            .set_private_ip_addresses(Some(
+                ips.iter()
+                    .map(|ip| {
+                        InstancePrivateIpAddress::builder()
+                            .private_ip_address(*ip)
+                            .build()
+                    })
+                    .collect(),
+            ))
+            .set_ipv6_addresses(Some(
+                v6.iter()
+                    .map(|ip| InstanceIpv6Address::builder().ipv6_address(*ip).build())
+                    .collect(),
+            ))
+            .build()
+    }
+
+    #[test]
+    fn addresses_follow_upstream_order() {
+        let inst = Instance::builder()
+            .network_interfaces(eni(1, &["10.0.1.5"], &["2600::2"]))
+            .network_interfaces(eni(0, &["10.0.0.5", "10.0.0.6"], &["2600::1", "2600::9"]))
+            .public_ip_address("54.1.2.3")
+            .private_dns_name("ip-10-0-0-5.ec2.internal")
+            .public_dns_name("ec2-54-1-2-3.compute-1.amazonaws.com")
+            .build();
+        let got: Vec<(String, String)> = node_addresses(&inst, &[IpFamily::Ipv4, IpFamily::Ipv6])
+            .into_iter()
+            .map(|a| (a.type_, a.address))
+            .collect();
+        let want = [
+            ("InternalIP", "10.0.0.5"),
+            ("InternalIP", "10.0.0.6"),
+            ("InternalIP", "10.0.1.5"),
+            ("ExternalIP", "54.1.2.3"),
+            ("InternalDNS", "ip-10-0-0-5.ec2.internal"),
+            ("Hostname", "ip-10-0-0-5.ec2.internal"),
+            ("ExternalDNS", "ec2-54-1-2-3.compute-1.amazonaws.com"),
+            ("InternalIP", "2600::1"),
+            ("InternalIP", "2600::2"),
+        ];
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(t, a)| (t.to_string(), a.to_string()))
+            .collect();
+        assert_eq!(got, want);
+        let v6_only = node_addresses(&inst, &[IpFamily::Ipv6]);
+        assert_eq!(v6_only.len(), 2);
+    }
+
+    #[test]
+    fn states_map_to_exists_and_shutdown() {
+        let with = |s: InstanceStateName| {
+            Instance::builder()
+                .state(InstanceState::builder().name(s).build())
+                .build()
+        };
+        let st = |s| status_of(Some(&with(s)));
+        assert_eq!(
+            st(InstanceStateName::Running),
+            InstanceStatus {
+                exists: true,
+                shutdown: false
+            }
+        );
+        assert_eq!(
+            st(InstanceStateName::Stopped),
+            InstanceStatus {
+                exists: true,
+                shutdown: true
+            }
+        );
+        assert_eq!(
+            st(InstanceStateName::Stopping),
+            InstanceStatus {
+                exists: true,
+                shutdown: true
+            }
+        );
+        assert_eq!(
+            st(InstanceStateName::Terminated),
+            InstanceStatus {
+                exists: false,
+                shutdown: false
+            }
+        );
+        assert_eq!(
+            status_of(None),
+            InstanceStatus {
+                exists: false,
+                shutdown: false
+            }
+        );
+    }
+
+    #[test]
+    fn not_found_message_names_the_ids() {
+        assert_eq!(
+            ids_in_message("The instance IDs 'i-0a1, i-0b2' do not exist"),
+            vec!["i-0a1", "i-0b2"]
+        );
+        assert_eq!(
+            ids_in_message("The instance ID 'i-9' does not exist"),
+            vec!["i-9"]
+        );
+    }
+}

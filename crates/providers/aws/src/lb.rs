@@ -1,0 +1,245 @@
+//! What Classic and Network LBs share: the VPC, subnets, the nodes' instances and security
+//! groups, tags, and the [`LoadBalancer`] entry points that pick the LB kind.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use async_trait::async_trait;
+use aws_sdk_ec2::types::Filter;
+use ccm_cloud::k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus as Status};
+use ccm_cloud::{
+    CloudError, CloudResult, LoadBalancer, LoadBalancerStatus, Node, Service,
+    default_load_balancer_name, node_name, node_provider_id,
+};
+
+use crate::annotations::{self, Kind, LbSpec};
+use crate::cloud::AwsCloud;
+use crate::providerid::parse_provider_id;
+use crate::routes::CLUSTER_TAG_PREFIX;
+
+/// Tag with the Service's `namespace/name` (upstream `kubernetes.io/service-name`).
+pub const SERVICE_NAME_TAG: &str = "kubernetes.io/service-name";
+
+/// The tags every resource created for a Service carries.
+pub(crate) fn resource_tags(
+    cloud: &AwsCloud,
+    cluster: &str,
+    spec: &LbSpec,
+) -> BTreeMap<String, String> {
+    let mut tags = spec.extra_tags.clone();
+    tags.insert(
+        format!("{CLUSTER_TAG_PREFIX}{}", cloud.cluster_id(cluster)),
+        "owned".into(),
+    );
+    tags.insert(SERVICE_NAME_TAG.into(), spec.service_name.clone());
+    tags
+}
+
+pub(crate) fn status(dns: &str) -> LoadBalancerStatus {
+    Status {
+        ingress: Some(vec![LoadBalancerIngress {
+            hostname: Some(dns.to_string()),
+            ..Default::default()
+        }]),
+    }
+}
+
+impl AwsCloud {
+    /// Instance ids of the Nodes, from their providerIDs, else from memory or a lookup by name.
+    pub(crate) async fn node_instance_ids(&self, nodes: &[Node]) -> CloudResult<BTreeSet<String>> {
+        let mut ids = BTreeSet::new();
+        let mut names = Vec::new();
+        for n in nodes {
+            let pid = node_provider_id(n);
+            if !pid.is_empty() {
+                ids.insert(parse_provider_id(pid)?.to_string());
+            } else if let Some(id) = self.inner.memory.lock().node_to_instance.get(node_name(n)) {
+                ids.insert(id.clone());
+            } else {
+                names.push(node_name(n).to_string());
+            }
+        }
+        if !names.is_empty() {
+            for inst in self.describe_names(&names).await?.values() {
+                ids.extend(inst.instance_id().map(String::from));
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The VPC: the cloud-config's, else the one the cluster's known instances are in.
+    pub(crate) async fn vpc(&self, instance_ids: &BTreeSet<String>) -> CloudResult<String> {
+        if let Some(v) = &self.inner.cfg.vpc {
+            return Ok(v.clone());
+        }
+        let known = |mem: &crate::cloud::Memory| {
+            instance_ids
+                .iter()
+                .filter_map(|id| mem.instances.get(id))
+                .map(|k| k.vpc.clone())
+                .find(|v| !v.is_empty())
+        };
+        if let Some(v) = known(&self.inner.memory.lock()) {
+            return Ok(v);
+        }
+        let ids: Vec<String> = instance_ids.iter().cloned().collect();
+        self.describe_ids(&ids).await?;
+        known(&self.inner.memory.lock()).ok_or_else(|| {
+            CloudError::Permanent(
+                "cannot tell the cluster's VPC: no node instance is known; set vpc in --cloud-config".into(),
+            )
+        })
+    }
+
+    /// Security groups of the nodes' instances (from memory, filled by instance lookups).
+    pub(crate) async fn node_security_groups(
+        &self,
+        instance_ids: &BTreeSet<String>,
+    ) -> CloudResult<BTreeSet<String>> {
+        let missing: Vec<String> = {
+            let mem = self.inner.memory.lock();
+            instance_ids
+                .iter()
+                .filter(|id| !mem.instances.contains_key(*id))
+                .cloned()
+                .collect()
+        };
+        if !missing.is_empty() {
+            self.describe_ids(&missing).await?;
+        }
+        let mem = self.inner.memory.lock();
+        Ok(instance_ids
+            .iter()
+            .filter_map(|id| mem.instances.get(id))
+            .flat_map(|k| k.security_groups.iter().cloned())
+            .collect())
+    }
+
+    /// Subnets for the LB: the annotation's (ids or Name tags), else one subnet per zone among
+    /// the VPC's subnets tagged for the cluster, preferring the `kubernetes.io/role/elb` (or
+    /// `internal-elb`) role tag, as upstream.
+    pub(crate) async fn lb_subnets(
+        &self,
+        cluster: &str,
+        vpc: &str,
+        spec: &LbSpec,
+    ) -> CloudResult<Vec<String>> {
+        let ec2 = self.clients().await?.ec2.clone();
+        let mut req = ec2
+            .describe_subnets()
+            .filters(Filter::builder().name("vpc-id").values(vpc).build());
+        if spec.subnets.is_empty() {
+            req = req.filters(
+                Filter::builder()
+                    .name("tag-key")
+                    .values(format!("{CLUSTER_TAG_PREFIX}{}", self.cluster_id(cluster)))
+                    .build(),
+            );
+        }
+        let out = self.call("DescribeSubnets", req.send()).await?;
+        if !spec.subnets.is_empty() {
+            let mut chosen = Vec::new();
+            for want in &spec.subnets {
+                let hit = out.subnets().iter().find(|s| {
+                    s.subnet_id() == Some(want.as_str())
+                        || s.tags()
+                            .iter()
+                            .any(|t| t.key() == Some("Name") && t.value() == Some(want.as_str()))
+                });
+                match hit.and_then(|s| s.subnet_id()) {
+                    Some(id) => chosen.push(id.to_string()),
+                    None => {
+                        return Err(CloudError::Permanent(format!(
+                            "annotation {}: no subnet {want:?} (by id or Name tag) in {vpc}",
+                            annotations::SUBNETS
+                        )));
+                    }
+                }
+            }
+            return Ok(chosen);
+        }
+        let role = if spec.internal {
+            "kubernetes.io/role/internal-elb"
+        } else {
+            "kubernetes.io/role/elb"
+        };
+        let mut by_zone: BTreeMap<String, (bool, String)> = BTreeMap::new();
+        for s in out.subnets() {
+            let (Some(zone), Some(id)) = (s.availability_zone(), s.subnet_id()) else {
+                continue;
+            };
+            let tagged = s.tags().iter().any(|t| t.key() == Some(role));
+            let better = match by_zone.get(zone) {
+                None => true,
+                Some((had_tag, had_id)) => (tagged, id) > (*had_tag, had_id.as_str()),
+            };
+            if better {
+                by_zone.insert(zone.to_string(), (tagged, id.to_string()));
+            }
+        }
+        if by_zone.is_empty() {
+            return Err(CloudError::Permanent(format!(
+                "no subnet in {vpc} tagged {CLUSTER_TAG_PREFIX}{}: tag the cluster's subnets or set the {} annotation",
+                self.cluster_id(cluster),
+                annotations::SUBNETS
+            )));
+        }
+        Ok(by_zone.into_values().map(|(_, id)| id).collect())
+    }
+}
+
+#[async_trait]
+impl LoadBalancer for AwsCloud {
+    async fn get_load_balancer(
+        &self,
+        cluster: &str,
+        service: &Service,
+    ) -> CloudResult<Option<LoadBalancerStatus>> {
+        let name = default_load_balancer_name(service);
+        let dns = match annotations::kind_of(service) {
+            Kind::Classic => self.clb_dns(&name).await?,
+            Kind::Network => self.nlb_find(&name).await?.map(|lb| lb.dns),
+        };
+        let _ = cluster;
+        Ok(dns.map(|d| status(&d)))
+    }
+
+    async fn ensure_load_balancer(
+        &self,
+        cluster: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<LoadBalancerStatus> {
+        let spec = annotations::parse(service)?;
+        let name = default_load_balancer_name(service);
+        let dns = match spec.kind {
+            Kind::Classic => self.clb_ensure(cluster, &name, &spec, nodes).await?,
+            Kind::Network => self.nlb_ensure(cluster, &name, &spec, nodes).await?,
+        };
+        Ok(status(&dns))
+    }
+
+    async fn update_load_balancer(
+        &self,
+        cluster: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<()> {
+        let spec = annotations::parse(service)?;
+        let name = default_load_balancer_name(service);
+        match spec.kind {
+            Kind::Classic => self.clb_update(cluster, &name, nodes).await,
+            Kind::Network => self.nlb_update(cluster, &name, &spec, nodes).await,
+        }
+    }
+
+    async fn ensure_load_balancer_deleted(
+        &self,
+        cluster: &str,
+        service: &Service,
+    ) -> CloudResult<()> {
+        let name = default_load_balancer_name(service);
+        // Both kinds: the annotation may have changed since the LB was made.
+        self.clb_delete(cluster, &name).await?;
+        self.nlb_delete(cluster, &name).await
+    }
+}
