@@ -49,6 +49,8 @@ impl Moto {
         let python = moto_python();
         let mut child = Command::new(&python)
             .args(["-c", WRAPPER])
+            // The recorder writes `moto_recording` into the working directory.
+            .current_dir(std::env::temp_dir())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
