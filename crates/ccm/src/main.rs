@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod cluster;
 mod demo;
+mod doctor;
 mod logging;
 mod plot;
 
@@ -41,6 +42,12 @@ enum Command {
     Bench(bench::BenchOptions),
     /// Serve the in-memory Kubernetes API server until Ctrl-C (for kubectl and tests).
     KubeSim(ccm_kube_sim::CliOptions),
+    /// Check a cluster's cloud integration, read-only (also `kubectl ccm doctor`).
+    ///
+    /// Uninitialized nodes, the CCM's pods and leader election, kube-controller-manager and
+    /// kubelet flags, LoadBalancer Services, route syncs. Exit status 0 all ok, 1 warnings,
+    /// 2 failures.
+    Doctor(doctor::DoctorOptions),
 }
 
 /// Providers compiled into this binary.
@@ -51,8 +58,26 @@ fn providers() -> ccm_cloud::ProviderRegistry {
     registry
 }
 
+/// Installed as `kubectl-ccm` (a link to `ccm`), the binary is a kubectl plugin:
+/// `kubectl ccm doctor` runs `kubectl-ccm doctor`, which behaves as `ccm doctor`.
+fn parse_cli() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let plugin = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("kubectl-ccm"));
+    let mut cmd = Cli::command();
+    if plugin {
+        cmd = cmd.bin_name("kubectl ccm");
+    }
+    let matches = cmd.get_matches_from(args);
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_cli();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -74,6 +99,10 @@ fn main() -> ExitCode {
             Some(Command::Bench(opts)) => {
                 logging::quiet();
                 bench::run(opts).await
+            }
+            Some(Command::Doctor(opts)) => {
+                logging::quiet();
+                doctor::run(opts).await
             }
             Some(Command::KubeSim(opts)) => {
                 logging::init(2, ccm_manager::options::LogFormat::Text);
