@@ -6,20 +6,20 @@
 
 use std::process::ExitCode;
 
+use ccm_manager::logging;
 use clap::{Parser, Subcommand};
 
 mod bench;
 mod cluster;
 mod demo;
 mod doctor;
-mod logging;
 mod plot;
 
 /// ccm-rs: a Kubernetes cloud-controller-manager, event-driven and batched.
 #[derive(Debug, Parser)]
 #[command(
     name = "ccm",
-    version,
+    disable_version_flag = true,
     args_conflicts_with_subcommands = true,
     about = "ccm-rs: a Kubernetes cloud-controller-manager, event-driven and batched",
     long_about = "ccm-rs: a Kubernetes cloud-controller-manager, event-driven and batched.\n\nWith flags and no subcommand, `ccm` behaves like `ccm run`, so manifests written for an upstream cloud-controller-manager work unchanged."
@@ -50,10 +50,10 @@ enum Command {
     Doctor(doctor::DoctorOptions),
 }
 
-/// Providers compiled into this binary.
+/// Providers compiled into this binary. Provider crates register here, one line each.
 fn providers() -> ccm_cloud::ProviderRegistry {
     let mut registry = ccm_cloud::ProviderRegistry::new();
-    // Invariant: a fresh registry has no "sim" yet, so registering cannot collide.
+    // Invariant: each name is registered once, so registering cannot collide.
     ccm_provider_sim::register(&mut registry).expect("fresh registry");
     registry
 }
@@ -78,20 +78,10 @@ fn parse_cli() -> Cli {
 
 fn main() -> ExitCode {
     let cli = parse_cli();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async move {
+    ccm_manager::app::block_on(async move {
         match cli.command {
-            Some(Command::Run(opts)) => run(*opts).await,
-            None => run(cli.run).await,
+            Some(Command::Run(opts)) => ccm_manager::app::run(*opts, &providers()).await,
+            None => ccm_manager::app::run(cli.run, &providers()).await,
             Some(Command::Demo(opts)) => {
                 logging::quiet();
                 demo::run(opts).await
@@ -111,53 +101,5 @@ fn main() -> ExitCode {
                     .map(|()| ExitCode::SUCCESS)
             }
         }
-    });
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-async fn run(opts: ccm_manager::options::RunOptions) -> anyhow::Result<ExitCode> {
-    logging::init(opts.verbosity, opts.log_format);
-    let validated = opts.validate()?;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    spawn_signal_handler(shutdown.clone());
-    let rt = ccm_manager::run::Runtime::default();
-    let exit = ccm_manager::run::run(validated, &providers(), &rt, shutdown).await?;
-    Ok(match exit {
-        ccm_manager::run::Exit::Shutdown => ExitCode::SUCCESS,
-        ccm_manager::run::Exit::LeaderLost => ExitCode::from(1),
     })
-}
-
-/// Cancels `token` on SIGTERM or Ctrl-C.
-fn spawn_signal_handler(token: tokio_util::sync::CancellationToken) {
-    tokio::spawn(async move {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{SignalKind, signal};
-            let mut term = match signal(SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                    let _ = tokio::signal::ctrl_c().await;
-                    token.cancel();
-                    return;
-                }
-            };
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-                _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down"),
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-        token.cancel();
-    });
 }
