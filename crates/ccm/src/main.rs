@@ -12,6 +12,7 @@ mod bench;
 mod cluster;
 mod demo;
 mod logging;
+mod manifests;
 mod plot;
 
 /// ccm-rs: a Kubernetes cloud-controller-manager, event-driven and batched.
@@ -41,6 +42,9 @@ enum Command {
     Bench(bench::BenchOptions),
     /// Serve the in-memory Kubernetes API server until Ctrl-C (for kubectl and tests).
     KubeSim(ccm_kube_sim::CliOptions),
+    /// Print the manifests that deploy ccm-rs (the Helm chart's objects): ServiceAccounts,
+    /// RBAC exactly as used, and a Deployment + PodDisruptionBudget, a DaemonSet or a static Pod.
+    Manifests(manifests::ManifestOptions),
 }
 
 /// Providers compiled into this binary.
@@ -75,6 +79,7 @@ fn main() -> ExitCode {
                 logging::quiet();
                 bench::run(opts).await
             }
+            Some(Command::Manifests(opts)) => manifests::run(&opts).map(|()| ExitCode::SUCCESS),
             Some(Command::KubeSim(opts)) => {
                 logging::init(2, ccm_manager::options::LogFormat::Text);
                 ccm_kube_sim::serve_cli(opts)
