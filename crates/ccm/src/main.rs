@@ -13,6 +13,7 @@ mod bench;
 mod cluster;
 mod demo;
 mod doctor;
+mod manifests;
 mod plot;
 
 /// ccm-rs: a Kubernetes cloud-controller-manager, event-driven and batched.
@@ -42,6 +43,9 @@ enum Command {
     Bench(bench::BenchOptions),
     /// Serve the in-memory Kubernetes API server until Ctrl-C (for kubectl and tests).
     KubeSim(ccm_kube_sim::CliOptions),
+    /// Print the manifests that deploy ccm-rs (the Helm chart's objects): ServiceAccounts,
+    /// RBAC exactly as used, and a Deployment + PodDisruptionBudget, a DaemonSet or a static Pod.
+    Manifests(manifests::ManifestOptions),
     /// Check a cluster's cloud integration, read-only (also `kubectl ccm doctor`).
     ///
     /// Uninitialized nodes, the CCM's pods and leader election, kube-controller-manager and
@@ -91,6 +95,7 @@ fn main() -> ExitCode {
                 logging::quiet();
                 bench::run(opts).await
             }
+            Some(Command::Manifests(opts)) => manifests::run(&opts).map(|()| ExitCode::SUCCESS),
             Some(Command::Doctor(opts)) => {
                 logging::quiet();
                 doctor::run(opts).await
