@@ -191,7 +191,7 @@ impl AwsCloud {
 impl LoadBalancer for AwsCloud {
     async fn get_load_balancer(
         &self,
-        cluster: &str,
+        _cluster: &str,
         service: &Service,
     ) -> CloudResult<Option<LoadBalancerStatus>> {
         let name = default_load_balancer_name(service);
@@ -199,7 +199,6 @@ impl LoadBalancer for AwsCloud {
             Kind::Classic => self.clb_dns(&name).await?,
             Kind::Network => self.nlb_find(&name).await?.map(|lb| lb.dns),
         };
-        let _ = cluster;
         Ok(dns.map(|d| status(&d)))
     }
 

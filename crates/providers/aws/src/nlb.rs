@@ -298,9 +298,8 @@ impl AwsCloud {
                 .await?;
             }
         }
-        for (tg, arn) in &groups {
+        for arn in groups.values() {
             if !wanted.iter().any(|(a, _)| a == arn) {
-                let _ = tg;
                 self.call(
                     "DeleteTargetGroup",
                     elbv2.delete_target_group().target_group_arn(arn).send(),

@@ -62,10 +62,10 @@ impl Moto {
         std::thread::spawn(move || {
             let mut tx = Some(tx);
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(port) = line.split("Running on http://127.0.0.1:").nth(1) {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(port.trim().to_string());
-                    }
+                if let Some(port) = line.split("Running on http://127.0.0.1:").nth(1)
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(port.trim().to_string());
                 }
                 // Keep draining so moto never blocks on a full pipe.
             }
@@ -88,7 +88,7 @@ impl Moto {
 
     /// Clears moto's call recorder and starts recording.
     pub async fn start_recording(&self) {
-        let c = reqwest_like::Client::new();
+        let c = reqwest_like::Client;
         c.post(&format!("{}/moto-api/recorder/reset-recording", self.url))
             .await;
         c.post(&format!("{}/moto-api/recorder/start-recording", self.url))
@@ -97,7 +97,7 @@ impl Moto {
 
     /// Calls recorded since [`Moto::start_recording`], by AWS action.
     pub async fn recorded(&self) -> std::collections::BTreeMap<String, u64> {
-        let c = reqwest_like::Client::new();
+        let c = reqwest_like::Client;
         let body = c
             .get(&format!(
                 "{}/moto-api/recorder/download-recording",
@@ -107,11 +107,21 @@ impl Moto {
         let mut out = std::collections::BTreeMap::new();
         for line in body.lines().filter(|l| !l.trim().is_empty()) {
             let v: serde_json::Value = serde_json::from_str(line).expect("recorder line is JSON");
-            let body = v["body"].as_str().unwrap_or_default();
+            // moto stores request bodies base64-encoded ("body_encoded": "True").
+            let raw = v["body"].as_str().unwrap_or_default();
+            let body = if v["body_encoded"].as_str() == Some("True") || v["body_encoded"] == true {
+                use base64::Engine as _;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(raw)
+                    .expect("recorder body is base64");
+                String::from_utf8_lossy(&bytes).to_string()
+            } else {
+                raw.to_string()
+            };
             let action = body
                 .split('&')
                 .find_map(|kv| kv.strip_prefix("Action="))
-                .unwrap_or("?")
+                .expect("every recorded AWS call names its Action")
                 .to_string();
             *out.entry(action).or_default() += 1;
         }
@@ -133,10 +143,6 @@ mod reqwest_like {
     pub struct Client;
 
     impl Client {
-        pub fn new() -> Self {
-            Client
-        }
-
         async fn send(&self, method: &str, url: &str) -> String {
             let rest = url.strip_prefix("http://").expect("http URL");
             let (host, path) = rest.split_once('/').expect("path");
