@@ -39,8 +39,8 @@ pub(crate) struct Pending {
 
 /// The answer to one coalesced lookup.
 pub(crate) struct Found {
-    by_id: CloudResult<HashMap<String, Instance>>,
-    by_name: CloudResult<HashMap<String, Instance>>,
+    pub by_id: CloudResult<HashMap<String, Instance>>,
+    pub by_name: CloudResult<HashMap<String, Instance>>,
 }
 
 /// How a Node is found in EC2.
@@ -326,7 +326,7 @@ impl AwsCloud {
 
     /// Queues `ids` and `names` and waits for a `DescribeInstances` that includes them: its own
     /// when no call is in flight, else the next one, shared with every lookup queued meanwhile.
-    async fn coalesced(&self, ids: Vec<String>, names: Vec<String>) -> Arc<Found> {
+    pub(crate) async fn coalesced(&self, ids: Vec<String>, names: Vec<String>) -> Arc<Found> {
         let (tx, mut rx) = oneshot::channel();
         {
             let mut p = self.inner.pending.lock();

@@ -160,7 +160,9 @@ impl AwsCloud {
         if let Some(id) = self.inner.memory.lock().node_to_instance.get(node) {
             return Ok(id.clone());
         }
-        let found = self.describe_names(&[node.to_string()]).await?;
+        // Through the coalescer: a burst's route creations share one lookup.
+        let found = self.coalesced(Vec::new(), vec![node.to_string()]).await;
+        let found = found.by_name.as_ref().map_err(Clone::clone)?;
         found
             .get(node)
             .and_then(|i| i.instance_id())
