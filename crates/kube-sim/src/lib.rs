@@ -14,6 +14,7 @@ mod status;
 mod store;
 mod table;
 mod tls;
+mod workloads;
 
 use std::collections::HashMap;
 use std::convert::Infallible;

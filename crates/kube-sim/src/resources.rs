@@ -442,6 +442,12 @@ pub mod ids {
     pub const ROLES: usize = 14;
     /// rbac.authorization.k8s.io/v1 rolebindings.
     pub const ROLEBINDINGS: usize = 15;
+    /// apps/v1 deployments.
+    pub const DEPLOYMENTS: usize = 16;
+    /// apps/v1 daemonsets.
+    pub const DAEMONSETS: usize = 17;
+    /// policy/v1 poddisruptionbudgets.
+    pub const PODDISRUPTIONBUDGETS: usize = 18;
 }
 
 /// The API groups served under `/apis`, in discovery order.
@@ -473,5 +479,11 @@ mod tests {
         );
         assert_eq!(RESOURCES[ids::ROLES].plural, "roles");
         assert_eq!(RESOURCES[ids::ROLEBINDINGS].plural, "rolebindings");
+        assert_eq!(RESOURCES[ids::DEPLOYMENTS].plural, "deployments");
+        assert_eq!(RESOURCES[ids::DAEMONSETS].plural, "daemonsets");
+        assert_eq!(
+            RESOURCES[ids::PODDISRUPTIONBUDGETS].plural,
+            "poddisruptionbudgets"
+        );
     }
 }

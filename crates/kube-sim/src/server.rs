@@ -456,27 +456,44 @@ impl Shared {
                 }
                 let obj = parse_body(&body)?;
                 check_type(desc, &obj)?;
-                let out = store.create(t.res, &ns, obj)?;
+                let out = store.create_opts(t.res, &ns, obj, dry_run(q)?)?;
                 Ok(render_one(t.res, 201, &out, shape))
             }
             Verb::Update => {
                 let name = t.name.as_deref().unwrap_or_default();
                 let obj = parse_body(&body)?;
                 check_type(desc, &obj)?;
-                let out = store.update(t.res, &ns, name, endpoint, &mut |_| Ok(obj.clone()))?;
+                let out = store.update_opts(
+                    t.res,
+                    &ns,
+                    name,
+                    endpoint,
+                    &mut |_| Ok(obj.clone()),
+                    dry_run(q)?,
+                )?;
                 Ok(render_one(t.res, 200, &out, shape))
             }
             Verb::Patch => {
                 let name = t.name.as_deref().unwrap_or_default();
                 let ty = PatchType::from_content_type(content_type)?;
-                let out = store.update(t.res, &ns, name, endpoint, &mut |cur| {
-                    patch::apply(desc, cur, ty, &body)
-                })?;
+                let out = store.update_opts(
+                    t.res,
+                    &ns,
+                    name,
+                    endpoint,
+                    &mut |cur| patch::apply(desc, cur, ty, &body),
+                    dry_run(q)?,
+                )?;
                 Ok(render_one(t.res, 200, &out, shape))
             }
             Verb::Delete => {
                 let name = t.name.as_deref().unwrap_or_default();
                 let pre = delete_preconditions(&body, q)?;
+                if dry_run(q)? {
+                    // What would be deleted, left in place.
+                    let obj = store.get(t.res, &ns, name)?;
+                    return Ok(render_one(t.res, 200, &obj, shape));
+                }
                 match store.delete(t.res, &ns, name, &pre)? {
                     Deleted::Pending(obj) => Ok(render_one(t.res, 200, &obj, shape)),
                     Deleted::Gone(obj) => {
@@ -740,6 +757,24 @@ fn request_attributes(user: &UserInfo, verb: Verb, t: &Target, q: &Query) -> Att
         t.ns.as_deref().unwrap_or_default(),
         &name,
     )
+}
+
+/// `?dryRun=All`: validate, default and answer, never persist. Any other value is rejected
+/// as kube-apiserver rejects it.
+fn dry_run(q: &Query) -> Result<bool, ApiError> {
+    let values: Vec<&str> =
+        q.0.iter()
+            .filter(|(k, _)| k == "dryRun")
+            .map(|(_, v)| v.as_str())
+            .collect();
+    match values.as_slice() {
+        [] => Ok(false),
+        ["All"] => Ok(true),
+        other => Err(ApiError::bad_request(format!(
+            "Invalid dry run value: {:?}; supported values: \"All\"",
+            other.join(",")
+        ))),
+    }
 }
 
 fn verb_guess(m: &Method) -> Verb {
