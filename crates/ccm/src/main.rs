@@ -59,6 +59,7 @@ fn providers() -> ccm_cloud::ProviderRegistry {
     let mut registry = ccm_cloud::ProviderRegistry::new();
     // Invariant: each name is registered once, so registering cannot collide.
     ccm_provider_sim::register(&mut registry).expect("fresh registry");
+    ccm_provider_metal::register(&mut registry).expect("fresh registry");
     registry
 }
 
