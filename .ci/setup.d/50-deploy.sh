@@ -1,7 +1,8 @@
 # deploy/ (issue 15): schema validation of the manifests and a real Helm engine for the chart.
 #   kubernetes-validate: the Kubernetes JSON schemas (1.36 among them), into the shared venv.
 #   helm-sdkpy: Helm 4 embedded in a Python wheel; it needs Python >= 3.12, so it gets its own
-#   venv ($CCM_VENV/helm) and `helm-python` in $CCM_VENV/bin points at that venv's python.
+#   venv ($CCM_VENV/helm) and `helm-python` in $CCM_VENV/bin runs that venv's python (a
+#   wrapper, not a symlink: a venv's python found through a symlink takes the other venv).
 KUBERNETES_VALIDATE_VERSION=1.37.0
 HELM_SDKPY_VERSION=0.1.32
 
@@ -29,4 +30,14 @@ if [ ! -x "$CCM_VENV/helm/bin/python" ] || ! "$CCM_VENV/helm/bin/python" -m pip 
   "$py312" -m venv "$CCM_VENV/helm"
   "$CCM_VENV/helm/bin/python" -m pip install -q "helm-sdkpy==$HELM_SDKPY_VERSION"
 fi
-ln -sf "$CCM_VENV/helm/bin/python" "$CCM_VENV/bin/helm-python"
+rm -f "$CCM_VENV/bin/helm-python"
+printf '#!/bin/sh\nexec "%s/helm/bin/python" "$@"\n' "$CCM_VENV" > "$CCM_VENV/bin/helm-python"
+chmod +x "$CCM_VENV/bin/helm-python"
+
+# buildah (Debian): the container image test builds deploy/image/Containerfile with
+# --isolation chroot --storage-driver vfs (no daemon, no registry access needed: FROM scratch).
+if ! command -v buildah >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq buildah >/dev/null
+fi

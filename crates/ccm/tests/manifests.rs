@@ -260,3 +260,146 @@ fn every_variant_validates_against_the_kubernetes_1_36_schemas() {
     assert!(!out.status.success(), "a misspelt field passed");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Objects keyed by kind and name, for comparisons that do not depend on order.
+fn by_key(objects: Vec<Value>) -> std::collections::BTreeMap<String, Value> {
+    objects
+        .into_iter()
+        .map(|o| {
+            (
+                format!(
+                    "{}/{}",
+                    o["kind"].as_str().unwrap_or_default(),
+                    o["metadata"]["name"].as_str().unwrap_or_default()
+                ),
+                o,
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_chart_renders_what_ccm_manifests_prints() {
+    let chart = workspace().join("deploy/helm/ccm-rs");
+    let script = workspace().join("deploy/helm/helm.py");
+    let helm = tool("helm-python");
+    let lint = Command::new(&helm)
+        .arg(&script)
+        .arg("lint")
+        .arg(&chart)
+        .output()
+        .expect("helm lint");
+    assert!(
+        lint.status.success(),
+        "helm lint: {}{}",
+        String::from_utf8_lossy(&lint.stdout),
+        String::from_utf8_lossy(&lint.stderr)
+    );
+
+    let dir = tempdir("helm");
+    // (values as Helm gets them, the same values as `ccm manifests` flags)
+    let cases: Vec<(Value, Vec<String>)> = vec![
+        (serde_json::json!({}), vec![]),
+        (
+            serde_json::json!({"variant": "daemonset", "provider": "metal",
+                "image": {"repository": "registry.example/ccm", "tag": "v9"},
+                "cloudConfigSecret": "metal-config", "clusterCIDR": "10.244.0.0/16",
+                "extraArgs": ["--concurrent-service-syncs=10", "--v=2"]}),
+            [
+                "--variant=daemonset",
+                "--provider=metal",
+                "--image=registry.example/ccm:v9",
+                "--cloud-config-secret=metal-config",
+                "--cluster-cidr=10.244.0.0/16",
+                "--extra-arg=--concurrent-service-syncs=10",
+                "--extra-arg=--v=2",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        (
+            serde_json::json!({"variant": "static-pod", "replicas": 3}),
+            vec!["--variant=static-pod".into(), "--replicas=3".into()],
+        ),
+        (
+            serde_json::json!({"replicas": 3, "useServiceAccountCredentials": false,
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}),
+            // Values only a values file carries: `ccm manifests -f` reads the chart's format.
+            vec!["--values".into(), "VALUES_FILE".into()],
+        ),
+    ];
+    for (i, (values, args)) in cases.into_iter().enumerate() {
+        let values_file = dir.join(format!("values-{i}.json"));
+        std::fs::write(&values_file, serde_json::to_vec(&values).expect("json")).expect("write");
+        let args: Vec<String> = args
+            .into_iter()
+            .map(|a| {
+                if a == "VALUES_FILE" {
+                    values_file.display().to_string()
+                } else {
+                    a
+                }
+            })
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let ours = by_key(docs(&ccm_manifests(&args)));
+
+        // A real install into kube-sim: Helm renders, and the API server takes every object.
+        // TLS: client-go (inside Helm) sends no bearer token over plain HTTP.
+        let sim = KubeSim::start(Config {
+            tls: true,
+            ..Config::default()
+        })
+        .await
+        .expect("kube-sim");
+        let kubeconfig = dir.join(format!("kubeconfig-{i}"));
+        sim.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        let out = tokio::process::Command::new(&helm)
+            .arg(&script)
+            .arg("install")
+            .arg(&chart)
+            .arg(&kubeconfig)
+            .arg(format!("ccm-{i}"))
+            .arg(values.to_string())
+            .env("HELM_DRIVER", "memory")
+            .output()
+            .await
+            .expect("helm install");
+        assert!(
+            out.status.success(),
+            "helm install {values}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let theirs = by_key(docs(&String::from_utf8_lossy(&out.stdout)));
+        assert_eq!(
+            theirs.keys().collect::<Vec<_>>(),
+            ours.keys().collect::<Vec<_>>(),
+            "values {values}: different objects"
+        );
+        for (k, o) in &ours {
+            assert_eq!(&theirs[k], o, "values {values}: {k} differs");
+        }
+        let workload = ours
+            .keys()
+            .find(|k| {
+                k.starts_with("Deployment/") || k.starts_with("DaemonSet/") || k.starts_with("Pod/")
+            })
+            .expect("a workload");
+        let (kind, name) = workload.split_once('/').expect("key");
+        let plural = match kind {
+            "Deployment" => "/apis/apps/v1/namespaces/kube-system/deployments",
+            "DaemonSet" => "/apis/apps/v1/namespaces/kube-system/daemonsets",
+            _ => "/api/v1/namespaces/kube-system/pods",
+        };
+        let req = http::Request::get(format!("{plural}/{name}"))
+            .body(Vec::new())
+            .expect("request");
+        sim.client()
+            .expect("client")
+            .request::<Value>(req)
+            .await
+            .unwrap_or_else(|e| panic!("helm did not create {workload}: {e}"));
+        sim.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
