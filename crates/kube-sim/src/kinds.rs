@@ -147,6 +147,7 @@ fn dns1035_label(s: &str) -> bool {
 const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
 const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 const DNS1035_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
+const PATH_SEGMENT_MSG: &str = "may not be '.' or '..' and may not contain '/' or '%'";
 const QNAME_MSG: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
 const LABEL_VALUE_MSG: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
 
@@ -159,6 +160,11 @@ fn validate_meta(ctx: &KindCtx, obj: &Value, errs: &mut Vec<FieldError>) {
         let (ok, msg) = match ctx.res {
             ids::SERVICES => (dns1035_label(name), DNS1035_MSG),
             ids::NAMESPACES => (dns1123_label(name), LABEL_MSG),
+            // RBAC names are path segments (`system:cloud-controller-manager` is valid).
+            ids::CLUSTERROLES | ids::CLUSTERROLEBINDINGS | ids::ROLES | ids::ROLEBINDINGS => (
+                !name.is_empty() && !name.contains(['/', '%']) && name != "." && name != "..",
+                PATH_SEGMENT_MSG,
+            ),
             _ if ctx.desc.plural == "events" || ctx.desc.plural == "configmaps" => (
                 !name.contains('/') && name != "." && name != "..",
                 SUBDOMAIN_MSG,
@@ -225,6 +231,12 @@ pub fn prepare(ctx: &KindCtx, obj: &mut Value, alloc: &mut Allocator) -> Result<
             m["labels"]["kubernetes.io/metadata.name"] = Value::String(name);
         }
         ids::LEASES => lease(obj, &mut errs),
+        ids::CLUSTERROLES => crate::rbac::validate_role(obj, false, &mut errs),
+        ids::ROLES => crate::rbac::validate_role(obj, true, &mut errs),
+        ids::CLUSTERROLEBINDINGS => {
+            crate::rbac::validate_binding(obj, ctx.old, false, &mut errs);
+        }
+        ids::ROLEBINDINGS => crate::rbac::validate_binding(obj, ctx.old, true, &mut errs),
         _ => {}
     }
     if errs.is_empty() {

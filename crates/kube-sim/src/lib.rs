@@ -6,6 +6,7 @@ mod faults;
 mod kinds;
 mod metrics;
 mod patch;
+pub mod rbac;
 mod resources;
 mod selectors;
 mod server;
@@ -14,7 +15,7 @@ mod store;
 mod table;
 mod tls;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -40,6 +41,9 @@ use store::Store;
 /// The default bearer token of in-process simulators (CLI mode generates one unless given).
 pub const DEFAULT_TOKEN: &str = "kube-sim-admin-token";
 
+/// The user name of the configured tokens (members of `system:masters`, never subject to RBAC).
+pub const ADMIN_USER: &str = "kube-sim-admin";
+
 /// The User-Agent of [`KubeSim::client`].
 pub const DEFAULT_USER_AGENT: &str = "kube-sim-client";
 
@@ -48,8 +52,13 @@ pub const DEFAULT_USER_AGENT: &str = "kube-sim-client";
 pub struct Config {
     /// Where to listen; port 0 picks a free port. Loopback by default.
     pub listen: SocketAddr,
-    /// Bearer tokens accepted (the first one goes into kubeconfigs and clients).
+    /// Bearer tokens accepted (the first one goes into kubeconfigs and clients). They belong to
+    /// [`ADMIN_USER`] in `system:masters`, which RBAC never restricts.
     pub tokens: Vec<String>,
+    /// Enforce RBAC (Roles, ClusterRoles and bindings stored in the simulator) for every user
+    /// outside `system:masters` — service-account tokens from TokenRequest and
+    /// [`KubeSim::add_user_token`]. Off by default: every valid token may do everything.
+    pub rbac: bool,
     /// Service CIDRs, at most one per IP family; the first is the primary family.
     pub service_cidrs: Vec<IpNet>,
     /// NodePort range, inclusive.
@@ -77,6 +86,7 @@ impl Default for Config {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             tokens: vec![DEFAULT_TOKEN.to_string()],
+            rbac: false,
             service_cidrs: vec![IpNet::V4(
                 "10.96.0.0/12".parse().unwrap_or_else(|_| unreachable!()),
             )],
@@ -178,7 +188,13 @@ impl KubeSim {
         let shared = Arc::new(Shared {
             store,
             metrics: metrics::Metrics::default(),
-            tokens: RwLock::new(cfg.tokens.iter().cloned().collect::<HashSet<_>>()),
+            tokens: RwLock::new(
+                cfg.tokens
+                    .iter()
+                    .map(|t| (t.clone(), rbac::UserInfo::admin(ADMIN_USER)))
+                    .collect::<HashMap<_, _>>(),
+            ),
+            rbac: cfg.rbac,
             faults: fault_cfg,
             disconnect,
             bookmark_interval: cfg.bookmark_interval,
@@ -225,9 +241,55 @@ impl KubeSim {
         &self.token
     }
 
-    /// Accepts another bearer token from now on.
+    /// Accepts another bearer token for [`ADMIN_USER`] from now on.
     pub fn add_token(&self, token: impl Into<String>) {
-        self.shared.tokens.write().insert(token.into());
+        self.add_user_token(token, rbac::UserInfo::admin(ADMIN_USER));
+    }
+
+    /// Accepts a bearer token for `user` from now on (subject to RBAC when [`Config::rbac`]).
+    pub fn add_user_token(&self, token: impl Into<String>, user: rbac::UserInfo) {
+        self.shared.tokens.write().insert(token.into(), user);
+    }
+
+    /// A token for service account `namespace/name`, as TokenRequest would mint it (the
+    /// account must exist). For tests that run a client under a manifest's identity.
+    pub fn service_account_token(&self, namespace: &str, name: &str) -> anyhow::Result<String> {
+        self.shared
+            .store
+            .get(resources::ids::SERVICEACCOUNTS, namespace, name)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let r: [u8; 16] = rand::random();
+        let hex: String = r.iter().map(|b| format!("{b:02x}")).collect();
+        let token = format!("kube-sim.sa.{namespace}.{name}.{hex}");
+        self.add_user_token(
+            token.clone(),
+            rbac::UserInfo::service_account(namespace, name),
+        );
+        Ok(token)
+    }
+
+    /// A kube client authenticating as service account `namespace/name` with `user_agent`.
+    pub fn client_as_service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+        user_agent: &str,
+    ) -> anyhow::Result<kube::Client> {
+        use http::{HeaderValue, header};
+        let token = self.service_account_token(namespace, name)?;
+        let mut c = self.kube_config(user_agent)?;
+        c.headers.retain(|(h, _)| h != header::AUTHORIZATION);
+        c.headers.push((
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {token}"))?,
+        ));
+        Ok(kube::Client::try_from(c)?)
+    }
+
+    /// Decides a request as the RBAC authorizer would, whatever [`Config::rbac`] says — what a
+    /// SubjectAccessReview answers.
+    pub fn authorize(&self, attrs: &rbac::Attributes) -> rbac::Decision {
+        self.shared.authorize(attrs)
     }
 
     /// A kube client with [`DEFAULT_USER_AGENT`]. Must be called inside a tokio runtime.
@@ -476,7 +538,7 @@ fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
 /// Flags of `ccm kube-sim`: serve until Ctrl-C and write a kubeconfig for kubectl.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CliOptions {
-    /// Address to listen on. Loopback by default: a valid token may do anything (no RBAC).
+    /// Address to listen on. Loopback by default: the admin token may do anything.
     #[arg(long, default_value = "127.0.0.1:6443")]
     pub listen: SocketAddr,
     /// Where to write a kubeconfig for kubectl / kube-rs.
@@ -512,6 +574,9 @@ pub struct CliOptions {
     /// Serve plain HTTP.
     #[arg(long = "no-tls")]
     pub no_tls: bool,
+    /// Enforce RBAC for service-account tokens (the admin token is in system:masters).
+    #[arg(long)]
+    pub rbac: bool,
 }
 
 impl CliOptions {
@@ -532,6 +597,7 @@ impl CliOptions {
             fault_latency: self.fault_latency,
             fault_429_rate: self.fault_429_rate,
             fault_500_rate: self.fault_500_rate,
+            rbac: self.rbac,
             ..Config::default()
         }
     }

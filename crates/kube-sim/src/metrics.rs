@@ -94,6 +94,9 @@ pub struct RequestKey {
     pub code: u16,
     /// The User-Agent header as sent (`unknown` if absent).
     pub client: String,
+    /// The authenticated user (`system:serviceaccount:kube-system:node-controller`); kept for
+    /// RBAC accounting, not rendered at `/metrics` (upstream has no such label).
+    pub user: String,
 }
 
 /// One counter in a snapshot.
@@ -142,8 +145,16 @@ impl Metrics {
         let mut out = String::new();
         out.push_str("# HELP apiserver_request_total Counter of apiserver requests broken out for each verb, group, resource, subresource, client and HTTP response code.\n");
         out.push_str("# TYPE apiserver_request_total counter\n");
+        // The user is not a label here: fold counters that differ only by user into one series.
+        let mut folded: std::collections::BTreeMap<RequestKey, u64> = Default::default();
         for c in self.snapshot() {
-            let k = &c.key;
+            let key = RequestKey {
+                user: String::new(),
+                ..c.key
+            };
+            *folded.entry(key).or_default() += c.count;
+        }
+        for (k, count) in &folded {
             let scope = "";
             let _ = writeln!(
                 out,
@@ -154,7 +165,7 @@ impl Metrics {
                 escape(&k.resource),
                 escape(&k.subresource),
                 k.verb.metric_label(),
-                c.count
+                count
             );
         }
         out

@@ -279,6 +279,140 @@ pub static RESOURCES: &[ResourceDesc] = &[
         patch_lists: &[],
         categories: NO,
     },
+    // rbac.authorization.k8s.io/v1: stored and evaluated by `rbac` (enforced with `Config::rbac`).
+    ResourceDesc {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "clusterroles",
+        singular: "clusterrole",
+        kind: "ClusterRole",
+        namespaced: false,
+        short_names: NO,
+        status_subresource: false,
+        has_spec: false,
+        fields: NO,
+        patch_lists: &[],
+        categories: NO,
+    },
+    ResourceDesc {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "clusterrolebindings",
+        singular: "clusterrolebinding",
+        kind: "ClusterRoleBinding",
+        namespaced: false,
+        short_names: NO,
+        status_subresource: false,
+        has_spec: false,
+        fields: NO,
+        patch_lists: &[],
+        categories: NO,
+    },
+    ResourceDesc {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "roles",
+        singular: "role",
+        kind: "Role",
+        namespaced: true,
+        short_names: NO,
+        status_subresource: false,
+        has_spec: false,
+        fields: NO,
+        patch_lists: &[],
+        categories: NO,
+    },
+    ResourceDesc {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "rolebindings",
+        singular: "rolebinding",
+        kind: "RoleBinding",
+        namespaced: true,
+        short_names: NO,
+        status_subresource: false,
+        has_spec: false,
+        fields: NO,
+        patch_lists: &[],
+        categories: NO,
+    },
+    // apps/v1 and policy/v1: stored (validated and defaulted where the CCM's manifests need
+    // it), never reconciled — no controller creates ReplicaSets or Pods from them.
+    ResourceDesc {
+        group: "apps",
+        version: "v1",
+        plural: "deployments",
+        singular: "deployment",
+        kind: "Deployment",
+        namespaced: true,
+        short_names: &["deploy"],
+        status_subresource: true,
+        has_spec: true,
+        fields: NO,
+        patch_lists: POD_TEMPLATE_LISTS,
+        categories: &["all"],
+    },
+    ResourceDesc {
+        group: "apps",
+        version: "v1",
+        plural: "daemonsets",
+        singular: "daemonset",
+        kind: "DaemonSet",
+        namespaced: true,
+        short_names: &["ds"],
+        status_subresource: true,
+        has_spec: true,
+        fields: NO,
+        patch_lists: POD_TEMPLATE_LISTS,
+        categories: &["all"],
+    },
+    ResourceDesc {
+        group: "policy",
+        version: "v1",
+        plural: "poddisruptionbudgets",
+        singular: "poddisruptionbudget",
+        kind: "PodDisruptionBudget",
+        namespaced: true,
+        short_names: &["pdb"],
+        status_subresource: true,
+        has_spec: true,
+        fields: NO,
+        patch_lists: &[("status.conditions", ListStrategy::MergeByKey("type"))],
+        categories: NO,
+    },
+];
+
+/// Strategic-merge keys of a pod template (`spec.template.spec`), as in `core/v1` PodSpec.
+const POD_TEMPLATE_LISTS: &[(&str, ListStrategy)] = &[
+    (
+        "spec.template.spec.containers",
+        ListStrategy::MergeByKey("name"),
+    ),
+    (
+        "spec.template.spec.initContainers",
+        ListStrategy::MergeByKey("name"),
+    ),
+    (
+        "spec.template.spec.containers.env",
+        ListStrategy::MergeByKey("name"),
+    ),
+    (
+        "spec.template.spec.containers.ports",
+        ListStrategy::MergeByKey("containerPort"),
+    ),
+    (
+        "spec.template.spec.containers.volumeMounts",
+        ListStrategy::MergeByKey("mountPath"),
+    ),
+    (
+        "spec.template.spec.volumes",
+        ListStrategy::MergeByKey("name"),
+    ),
+    (
+        "spec.template.spec.imagePullSecrets",
+        ListStrategy::MergeByKey("name"),
+    ),
+    ("status.conditions", ListStrategy::MergeByKey("type")),
 ];
 
 /// Index of the kind in [`RESOURCES`] for a group, version and plural.
@@ -302,6 +436,14 @@ pub mod ids {
     pub const EVENTS: usize = 6;
     /// coordination.k8s.io/v1 leases.
     pub const LEASES: usize = 9;
+    /// rbac.authorization.k8s.io/v1 clusterroles.
+    pub const CLUSTERROLES: usize = 12;
+    /// rbac.authorization.k8s.io/v1 clusterrolebindings.
+    pub const CLUSTERROLEBINDINGS: usize = 13;
+    /// rbac.authorization.k8s.io/v1 roles.
+    pub const ROLES: usize = 14;
+    /// rbac.authorization.k8s.io/v1 rolebindings.
+    pub const ROLEBINDINGS: usize = 15;
 }
 
 /// The API groups served under `/apis`, in discovery order.
@@ -328,5 +470,12 @@ mod tests {
         assert_eq!(RESOURCES[ids::EVENTS].api_version(), "v1");
         assert_eq!(RESOURCES[ids::EVENTS].plural, "events");
         assert_eq!(RESOURCES[ids::LEASES].plural, "leases");
+        assert_eq!(RESOURCES[ids::CLUSTERROLES].plural, "clusterroles");
+        assert_eq!(
+            RESOURCES[ids::CLUSTERROLEBINDINGS].plural,
+            "clusterrolebindings"
+        );
+        assert_eq!(RESOURCES[ids::ROLES].plural, "roles");
+        assert_eq!(RESOURCES[ids::ROLEBINDINGS].plural, "rolebindings");
     }
 }

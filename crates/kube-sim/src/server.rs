@@ -1,6 +1,6 @@
 //! HTTP request handling: routing, auth, faults, accounting, and the REST verbs.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +17,7 @@ use tokio::sync::{broadcast, mpsc};
 use crate::faults::FaultConfig;
 use crate::metrics::{Metrics, RequestKey, Verb};
 use crate::patch::{self, PatchType};
+use crate::rbac::{self, Attributes, UserInfo};
 use crate::resources::{self, RESOURCES, ResourceDesc, ids};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
@@ -32,7 +33,10 @@ const MAX_BODY: usize = 3 * 1024 * 1024;
 pub(crate) struct Shared {
     pub store: Arc<Store>,
     pub metrics: Metrics,
-    pub tokens: RwLock<HashSet<String>>,
+    /// Bearer token → identity.
+    pub tokens: RwLock<HashMap<String, UserInfo>>,
+    /// Whether RBAC is enforced for users outside `system:masters`.
+    pub rbac: bool,
     pub faults: Arc<RwLock<FaultConfig>>,
     pub disconnect: Arc<tokio::sync::watch::Sender<u64>>,
     pub bookmark_interval: Duration,
@@ -210,18 +214,35 @@ fn parse_target(segs: &[&str]) -> Result<Option<Target>, ApiError> {
 }
 
 impl Shared {
-    fn authorized(&self, headers: &HeaderMap) -> bool {
-        let Some(tok) = headers
+    /// The identity behind the request's bearer token, if the token is known.
+    pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Option<UserInfo> {
+        let tok = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| {
                 v.strip_prefix("Bearer ")
                     .or_else(|| v.strip_prefix("bearer "))
-            })
-        else {
-            return false;
-        };
-        self.tokens.read().contains(tok.trim())
+            })?;
+        self.tokens.read().get(tok.trim()).cloned()
+    }
+
+    /// Decides `attrs` against the stored RBAC objects (the SubjectAccessReview answer).
+    pub(crate) fn authorize(&self, attrs: &Attributes) -> rbac::Decision {
+        rbac::authorize(&self.store.rbac_policy(), attrs)
+    }
+
+    /// `Err(403)` when RBAC is enforced and denies the request, worded as kube-apiserver's.
+    fn enforce(&self, user: &UserInfo, attrs: impl FnOnce() -> Attributes) -> Result<(), ApiError> {
+        if !self.rbac || user.is_master() {
+            return Ok(());
+        }
+        let attrs = attrs();
+        let d = self.authorize(&attrs);
+        if d.allowed {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(&attrs, &d.reason))
+        }
     }
 
     /// Entry point for every request.
@@ -240,11 +261,21 @@ impl Shared {
             ["version"] => return json_resp(200, &crate::discovery::version()),
             _ => {}
         }
-        if !self.authorized(&parts.headers) {
+        let Some(user) = self.authenticate(&parts.headers) else {
             return error_resp(&ApiError::unauthorized());
-        }
+        };
         match segs.as_slice() {
-            ["metrics"] => return text_resp(200, self.metrics.render()),
+            ["metrics"] => {
+                // Discovery stays open to every authenticated user (the bootstrap
+                // system:discovery role); /metrics needs a grant, as on a real cluster.
+                let check = self.enforce(&user, || {
+                    Attributes::non_resource(user.clone(), "get", &path)
+                });
+                return match check {
+                    Ok(()) => text_resp(200, self.metrics.render()),
+                    Err(e) => error_resp(&e),
+                };
+            }
             ["api"] => {
                 return json_resp(
                     200,
@@ -301,10 +332,14 @@ impl Shared {
             (&Method::DELETE, true) => Verb::Delete,
             (m, _) => {
                 let e = ApiError::method_not_supported(desc, &m.as_str().to_lowercase());
-                self.count(verb_guess(m), &target, e.code, &client);
+                self.count(verb_guess(m), &target, e.code, &client, &user);
                 return error_resp(&e);
             }
         };
+        if let Err(e) = self.enforce(&user, || request_attributes(&user, verb, &target, &q)) {
+            self.count(verb, &target, e.code, &client, &user);
+            return error_resp(&e);
+        }
 
         let (latency, fate, retry_after) = {
             let f = self.faults.read();
@@ -325,7 +360,7 @@ impl Shared {
                         Ok(b) => b.to_bytes(),
                         Err(_) => {
                             let e = ApiError::too_large();
-                            self.count(verb, &target, e.code, &client);
+                            self.count(verb, &target, e.code, &client, &user);
                             return error_resp(&e);
                         }
                     }
@@ -349,11 +384,11 @@ impl Shared {
                 }
             }
         };
-        self.count(verb, &target, resp.status().as_u16(), &client);
+        self.count(verb, &target, resp.status().as_u16(), &client, &user);
         resp
     }
 
-    fn count(&self, verb: Verb, t: &Target, code: u16, client: &str) {
+    fn count(&self, verb: Verb, t: &Target, code: u16, client: &str, user: &UserInfo) {
         let d = &RESOURCES[t.res];
         self.metrics.record(RequestKey {
             verb,
@@ -362,6 +397,7 @@ impl Shared {
             subresource: t.sub.clone().unwrap_or_default(),
             code,
             client: client.to_string(),
+            user: user.name.clone(),
         });
     }
 
@@ -481,7 +517,9 @@ impl Shared {
             })
             .collect();
         let token = format!("kube-sim.sa.{ns}.{name}.{rand_part}");
-        self.tokens.write().insert(token.clone());
+        self.tokens
+            .write()
+            .insert(token.clone(), UserInfo::service_account(ns, name));
         let expires = jiff::Timestamp::now()
             .checked_add(jiff::SignedDuration::from_secs(exp))
             .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
@@ -667,6 +705,32 @@ impl Shared {
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
         Ok(r)
     }
+}
+
+/// The authorizer's view of a resource request, as kube-apiserver's RequestInfo builds it:
+/// a list or watch restricted to one name by `fieldSelector=metadata.name=` carries that name.
+fn request_attributes(user: &UserInfo, verb: Verb, t: &Target, q: &Query) -> Attributes {
+    let d = &RESOURCES[t.res];
+    let mut name = t.name.clone().unwrap_or_default();
+    if name.is_empty() && matches!(verb, Verb::List | Verb::Watch) {
+        let fs = q.get("fieldSelector").unwrap_or_default();
+        if let Some(n) = fs
+            .strip_prefix("metadata.name=")
+            .or_else(|| fs.strip_prefix("metadata.name=="))
+            .filter(|n| !n.contains(','))
+        {
+            name = n.to_string();
+        }
+    }
+    Attributes::resource(
+        user.clone(),
+        verb.as_str(),
+        d.group,
+        d.plural,
+        t.sub.as_deref().unwrap_or_default(),
+        t.ns.as_deref().unwrap_or_default(),
+        &name,
+    )
 }
 
 fn verb_guess(m: &Method) -> Verb {

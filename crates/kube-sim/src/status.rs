@@ -293,6 +293,49 @@ impl ApiError {
         Self::new(401, "Unauthorized", "Unauthorized")
     }
 
+    /// 403 from the authorizer, as kube-apiserver's `responsewriters.Forbidden` words it:
+    /// `nodes "n1" is forbidden: User "u" cannot patch resource "nodes/status" in API group ""
+    /// at the cluster scope` (then `: <reason>` when the authorizer gave one).
+    pub fn forbidden(attrs: &crate::rbac::Attributes, reason: &str) -> Self {
+        let mut msg = attrs.forbidden_message();
+        if !reason.is_empty() {
+            msg = format!("{msg}: {reason}");
+        }
+        let (message, details) = match &attrs.target {
+            crate::rbac::Target::NonResource { .. } => (format!("forbidden: {msg}"), json!({})),
+            crate::rbac::Target::Resource {
+                group,
+                resource,
+                name,
+                ..
+            } => {
+                let qualified = if group.is_empty() {
+                    resource.clone()
+                } else {
+                    format!("{resource}.{group}")
+                };
+                let mut d = Map::new();
+                if !name.is_empty() {
+                    d.insert("name".into(), Value::String(name.clone()));
+                }
+                if !group.is_empty() {
+                    d.insert("group".into(), Value::String(group.clone()));
+                }
+                d.insert("kind".into(), Value::String(resource.clone()));
+                let m = if name.is_empty() {
+                    format!("{qualified} is forbidden: {msg}")
+                } else {
+                    format!("{qualified} {name:?} is forbidden: {msg}")
+                };
+                (m, Value::Object(d))
+            }
+        };
+        Self {
+            details: Some(details),
+            ..Self::new(403, "Forbidden", message)
+        }
+    }
+
     /// 405 for a verb the resource does not support (`errors.NewMethodNotSupported`).
     pub fn method_not_supported(desc: &ResourceDesc, action: &str) -> Self {
         let mut d = Map::new();

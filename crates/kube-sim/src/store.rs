@@ -354,6 +354,18 @@ impl Store {
         Ok(obj)
     }
 
+    /// The RBAC objects as they are now, read under one lock.
+    pub fn rbac_policy(&self) -> crate::rbac::Policy {
+        let g = self.inner.lock();
+        let all = |res: usize| g.objects[res].values().cloned().collect::<Vec<_>>();
+        crate::rbac::Policy {
+            cluster_roles: all(ids::CLUSTERROLES),
+            cluster_role_bindings: all(ids::CLUSTERROLEBINDINGS),
+            roles: all(ids::ROLES),
+            role_bindings: all(ids::ROLEBINDINGS),
+        }
+    }
+
     /// Reads one object.
     pub fn get(&self, res: usize, ns: &str, name: &str) -> Result<Arc<Value>, ApiError> {
         let g = self.inner.lock();
