@@ -171,6 +171,8 @@ async fn kubectl_walkthrough_against_ccm_demo() {
 
     nodes_wide_and_describe(&k).await;
     warning_events_only(&k).await;
+    load_balancer_service_lifecycle(&k).await;
+    typed_creates(&k).await;
     lease_label_annotate_taint_cordon(&k).await;
     replace_and_patch(&k).await;
     discovery_and_metrics(&k).await;
@@ -224,6 +226,101 @@ source: {component: walkthrough}
         .await;
     assert!(out.contains("WalkthroughWarning"), "{out}");
     assert!(!out.contains("Synced"), "Normal events listed:\n{out}");
+}
+
+/// `kubectl create service` sends protobuf; the CCM gives the Service an ingress IP, and on
+/// delete releases its finalizer so kubectl's wait returns.
+async fn load_balancer_service_lifecycle(k: &Kubectl) {
+    let out = k
+        .ok(&["create", "service", "loadbalancer", "web", "--tcp=80:8080"])
+        .await;
+    assert!(out.contains("service/web created"), "{out}");
+    let mut watch = k
+        .cmd(&["get", "svc", "web", "-w"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl get -w");
+    let mut lines = BufReader::new(watch.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    let ip = tokio::time::timeout(SOON, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let cols: Vec<String> = line.split_whitespace().map(String::from).collect();
+            seen.push(line);
+            // NAME TYPE CLUSTER-IP EXTERNAL-IP PORT(S) AGE
+            if cols.first().map(String::as_str) == Some("web")
+                && cols
+                    .get(3)
+                    .is_some_and(|ip| ip.parse::<std::net::IpAddr>().is_ok())
+            {
+                return Some(cols[3].clone());
+            }
+        }
+        None
+    })
+    .await;
+    let _ = watch.kill().await;
+    assert!(
+        matches!(ip, Ok(Some(_))),
+        "no EXTERNAL-IP in kubectl get -w:\n{}",
+        seen.join("\n")
+    );
+    let svc = k.json(&["get", "svc", "web"]).await;
+    assert!(
+        svc["metadata"]["finalizers"]
+            .to_string()
+            .contains("service.kubernetes.io/load-balancer-cleanup"),
+        "{svc}"
+    );
+    let out = k.ok(&["delete", "svc", "web", "--timeout=60s"]).await;
+    assert!(out.contains("service \"web\" deleted"), "{out}");
+    let (ok, _, err) = k.run(&["get", "svc", "web"]).await;
+    assert!(!ok && err.contains("not found"), "{err}");
+}
+
+/// kubectl's typed `create` subcommands (protobuf bodies), `run`, `expose` and `edit`.
+async fn typed_creates(k: &Kubectl) {
+    for (args, expect) in [
+        (
+            &["create", "configmap", "cm1", "--from-literal=a=b"][..],
+            "configmap/cm1 created",
+        ),
+        (
+            &["create", "secret", "generic", "s1", "--from-literal=a=b"],
+            "secret/s1 created",
+        ),
+        (&["create", "namespace", "ns1"], "namespace/ns1 created"),
+        (
+            &["create", "serviceaccount", "sa1"],
+            "serviceaccount/sa1 created",
+        ),
+        (
+            &["create", "deployment", "d1", "--image=nginx"],
+            "deployment.apps/d1 created",
+        ),
+        (&["run", "p1", "--image=nginx"], "pod/p1 created"),
+        (&["expose", "pod", "p1", "--port=80"], "service/p1 exposed"),
+    ] {
+        let out = k.ok(args).await;
+        assert!(out.contains(expect), "kubectl {args:?}: {out}");
+    }
+    let secret = k.json(&["get", "secret", "s1"]).await;
+    assert_eq!(secret["data"]["a"], "Yg==");
+    let token = k.ok(&["create", "token", "sa1"]).await;
+    assert!(!token.trim().is_empty());
+    // `kubectl edit` with a non-interactive editor.
+    let mut edit = k.cmd(&["edit", "configmap", "cm1"]);
+    edit.env("KUBE_EDITOR", "sed -i -e 's/a: b$/a: edited/'");
+    let out = edit.output().await.expect("kubectl edit");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cm = k.json(&["get", "configmap", "cm1"]).await;
+    assert_eq!(cm["data"]["a"], "edited", "{cm}");
+    let out = k.ok(&["delete", "namespace", "ns1"]).await;
+    assert!(out.contains("deleted"), "{out}");
 }
 
 async fn lease_label_annotate_taint_cordon(k: &Kubectl) {
