@@ -75,6 +75,26 @@ fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     Some((code, body))
 }
 
+/// Waits until the CCM is ready *and* leads with its controllers started (a standby is ready
+/// too, so /readyz alone does not say the controllers run).
+async fn wait_controllers(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = matches!(get(addr, "/readyz"), Some((200, _)));
+        let healthz = get(addr, "/healthz?verbose")
+            .map(|r| r.1)
+            .unwrap_or_default();
+        if ready && healthz.contains("[+]service-lb-controller ok") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "controllers never started: {healthz}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_serves_health_and_upstream_metrics() {
     let kube = ccm_kube_sim::KubeSim::start(ccm_kube_sim::Config::default())
@@ -99,14 +119,7 @@ async fn run_serves_health_and_upstream_metrics() {
         .spawn()
         .expect("spawn");
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some((200, _)) = get(addr, "/readyz") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "/readyz never became 200");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_controllers(addr).await;
     let (code, body) = get(addr, "/healthz?verbose").expect("healthz");
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("[+]leaderElection ok"), "{body}");
@@ -198,11 +211,7 @@ async fn service_account_credentials_mint_a_token_per_controller() {
             .expect("create sa");
     }
     let (mut child, addr) = spawn_run(&kube, &["--use-service-account-credentials"]).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !matches!(get(addr, "/readyz"), Some((200, _))) {
-        assert!(Instant::now() < deadline, "/readyz never became 200");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_controllers(addr).await;
     let minted = kube.count_requests(|k| {
         k.resource == "serviceaccounts" && k.subresource == "token" && (200..300).contains(&k.code)
     });
