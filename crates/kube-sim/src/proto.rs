@@ -404,37 +404,12 @@ pub fn to_json(msg: &DynamicMessage) -> Value {
             }
             continue;
         }
-        out.insert(fd.name().to_string(), field_json(&fd, pv));
+        out.insert(fd.name().to_string(), value_json(pv));
     }
     Value::Object(out)
 }
 
-fn field_json(fd: &FieldDescriptor, pv: &PValue) -> Value {
-    match pv {
-        PValue::Map(m) => {
-            let vk = match fd.kind() {
-                Kind::Message(entry) => entry.map_entry_value_field().kind(),
-                k => k,
-            };
-            let mut out = Map::new();
-            for (k, v) in m {
-                let key = match k {
-                    MapKey::String(s) => s.clone(),
-                    MapKey::Bool(b) => b.to_string(),
-                    MapKey::I32(i) => i.to_string(),
-                    MapKey::I64(i) => i.to_string(),
-                    MapKey::U32(i) => i.to_string(),
-                    MapKey::U64(i) => i.to_string(),
-                };
-                out.insert(key, value_json(&vk, v));
-            }
-            Value::Object(out)
-        }
-        other => value_json(&fd.kind(), other),
-    }
-}
-
-fn value_json(kind: &Kind, pv: &PValue) -> Value {
+fn value_json(pv: &PValue) -> Value {
     match pv {
         PValue::Bool(b) => Value::Bool(*b),
         PValue::I32(i) => Value::from(*i),
@@ -446,8 +421,22 @@ fn value_json(kind: &Kind, pv: &PValue) -> Value {
         PValue::String(s) => Value::String(s.clone()),
         PValue::Bytes(b) => Value::String(base64::engine::general_purpose::STANDARD.encode(b)),
         PValue::EnumNumber(n) => Value::from(*n),
-        PValue::List(items) => Value::Array(items.iter().map(|v| value_json(kind, v)).collect()),
-        PValue::Map(_) => Value::Null,
+        PValue::List(items) => Value::Array(items.iter().map(value_json).collect()),
+        PValue::Map(m) => {
+            let mut out = Map::new();
+            for (k, v) in m {
+                let key = match k {
+                    MapKey::String(s) => s.clone(),
+                    MapKey::Bool(b) => b.to_string(),
+                    MapKey::I32(i) => i.to_string(),
+                    MapKey::I64(i) => i.to_string(),
+                    MapKey::U32(i) => i.to_string(),
+                    MapKey::U64(i) => i.to_string(),
+                };
+                out.insert(key, value_json(v));
+            }
+            Value::Object(out)
+        }
         PValue::Message(m) => special_json(m),
     }
 }
