@@ -76,7 +76,7 @@ pub fn find_tool(tool: &str) -> PathBuf {
     on_path
         .or_else(|| venv.is_file().then_some(venv))
         .unwrap_or_else(|| {
-            panic!("{tool} is not installed: run .ci/run once (its .ci/setup.d/40-sushy.sh installs sushy-tools into .venv)")
+            panic!("{tool} is not installed: run .ci/run once (its .ci/setup.d/40-metal.sh installs sushy-tools into .venv)")
         })
 }
 
