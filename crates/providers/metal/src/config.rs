@@ -84,8 +84,14 @@ pub struct MachineConfig {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct BmcConfig {
-    /// Base URL, e.g. `http://10.0.0.11:8000` (`http` only; see the provider docs).
+    /// Base URL, e.g. `https://10.0.0.11` or `http://10.0.0.11:8000`.
     pub endpoint: String,
+    /// PEM file with the CA certificate(s) the BMC's certificate chains to (default: the
+    /// system's roots).
+    pub ca_file: Option<PathBuf>,
+    /// Accept any certificate (self-signed BMCs on a trusted management network only).
+    #[serde(default)]
+    pub insecure_skip_verify: bool,
     /// The System: a Redfish id (`1`, a UUID) or a path (`/redfish/v1/Systems/1`); `{name}` is
     /// replaced by the node name. Default `{name}`.
     pub system: Option<String>,
@@ -352,22 +358,20 @@ fn check_bmc(i: usize, bmc: &BmcConfig) -> Result<(), ConfigError> {
         .parse()
         .map_err(|_| ConfigError::field(&field, "a URL such as \"http://10.0.0.11:8000\""))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(ConfigError::field(
-                &field,
-                "an http:// URL: this build speaks plain HTTP to BMCs; put a TLS-terminating proxy in front of HTTPS-only BMCs",
-            ));
-        }
+        Some("http" | "https") => {}
         _ => {
             return Err(ConfigError::field(
                 &field,
-                "a URL with a scheme, such as \"http://10.0.0.11:8000\"",
+                "a URL with a scheme, such as \"https://10.0.0.11\"",
             ));
         }
     }
     if uri.host().is_none() {
         return Err(ConfigError::field(&field, "a URL with a host"));
+    }
+    if let Some(ca) = &bmc.ca_file {
+        crate::tls::client_config(Some(ca), false)
+            .map_err(|e| ConfigError::field(format!("machines[{i}].bmc.ca_file"), e))?;
     }
     if bmc.password_file.is_some() && bmc.username.is_none() {
         return Err(ConfigError::field(
@@ -461,10 +465,18 @@ mod tests {
         let err = MetalConfig::parse("[routes]\ntable = 254\n").expect_err("main table");
         assert!(err.to_string().contains("routes.table"), "{err}");
         let err = MetalConfig::parse(
-            "[[machines]]\nname = \"a\"\n[machines.bmc]\nendpoint = \"https://bmc\"\n",
+            "[[machines]]\nname = \"a\"\n[machines.bmc]\nendpoint = \"ftp://bmc\"\n",
         )
-        .expect_err("https");
-        assert!(err.to_string().contains("proxy"), "{err}");
+        .expect_err("scheme");
+        assert!(
+            err.to_string().contains("machines[0].bmc.endpoint"),
+            "{err}"
+        );
+        let err = MetalConfig::parse(
+            "[[machines]]\nname = \"a\"\n[machines.bmc]\nendpoint = \"https://bmc\"\nca_file = \"/nonexistent.pem\"\n",
+        )
+        .expect_err("ca file");
+        assert!(err.to_string().contains("machines[0].bmc.ca_file"), "{err}");
         let err = MetalConfig::parse("[[machines]]\nname = \"a\"\n[[machines]]\nname = \"a\"\n")
             .expect_err("dup");
         assert!(err.to_string().contains("appears twice"), "{err}");

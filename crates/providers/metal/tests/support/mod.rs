@@ -98,7 +98,23 @@ impl Drop for Sushy {
 impl Sushy {
     /// Starts the emulator with `(name, uuid, power_state)` systems.
     pub fn start(systems: &[(&str, &str, &str)]) -> Self {
+        Self::start_with(systems, None)
+    }
+
+    /// As [`Sushy::start`], serving HTTPS with `(cert PEM, key PEM)` when given.
+    pub fn start_with(systems: &[(&str, &str, &str)], tls: Option<(&str, &str)>) -> Self {
         let dir = TempDir::new("sushy");
+        let mut tls_conf = String::new();
+        if let Some((cert, key)) = tls {
+            let (c, k) = (dir.0.join("cert.pem"), dir.0.join("key.pem"));
+            std::fs::write(&c, cert).expect("cert");
+            std::fs::write(&k, key).expect("key");
+            tls_conf = format!(
+                "SUSHY_EMULATOR_SSL_CERT = '{}'\nSUSHY_EMULATOR_SSL_KEY = '{}'\n",
+                c.display(),
+                k.display()
+            );
+        }
         let list: Vec<String> = systems
             .iter()
             .map(|(name, uuid, power)| {
@@ -109,7 +125,7 @@ impl Sushy {
         std::fs::write(
             &conf,
             format!(
-                "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = 0\nSUSHY_EMULATOR_STATE_DIR = '{}'\nSUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_FAKE_SYSTEMS = [{}]\n",
+                "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = 0\nSUSHY_EMULATOR_STATE_DIR = '{}'\nSUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_FAKE_SYSTEMS = [{}]\n{tls_conf}",
                 dir.0.join("state").display(),
                 list.join(", ")
             ),
@@ -126,7 +142,7 @@ impl Sushy {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("Running on http://").nth(1) {
+                if let Some(rest) = line.split("Running on ").nth(1) {
                     let _ = tx.send(rest.trim().to_string());
                 }
             }
@@ -136,7 +152,7 @@ impl Sushy {
             .expect("sushy-emulator did not print its address within 30 s");
         Sushy {
             child,
-            endpoint: format!("http://{addr}"),
+            endpoint: addr,
             _dir: dir,
         }
     }
