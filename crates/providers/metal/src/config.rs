@@ -34,6 +34,9 @@ pub struct MetalConfigFile {
     /// LoadBalancer address pools.
     #[serde(default)]
     pub pools: Vec<PoolConfig>,
+    /// LoadBalancer behaviour.
+    #[serde(default)]
+    pub load_balancer: LoadBalancerOptions,
     /// Kernel pod-CIDR routes on the host the CCM runs on.
     pub routes: Option<RoutesConfig>,
 }
@@ -46,6 +49,16 @@ pub struct BmcOptions {
     pub concurrency: Option<usize>,
     /// Per-request timeout in milliseconds (default 5000).
     pub timeout_ms: Option<u64>,
+}
+
+/// `[load_balancer]`: how assigned addresses are published.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadBalancerOptions {
+    /// Also write the assigned addresses to the `kube-vip.io/loadbalancerIPs` annotation,
+    /// which is what kube-vip's service watcher announces (it does not read the status).
+    #[serde(default)]
+    pub kube_vip_annotation: bool,
 }
 
 /// `[[machines]]`: one machine, or every machine whose node name matches `pattern`.
@@ -185,6 +198,8 @@ pub struct MetalConfig {
     pub bmc_timeout: Duration,
     /// Routes, if enabled.
     pub routes: Option<RoutesSettings>,
+    /// Write `kube-vip.io/loadbalancerIPs` after assigning.
+    pub kube_vip_annotation: bool,
 }
 
 /// Checked `[routes]`.
@@ -269,6 +284,7 @@ impl MetalConfig {
             bmc_concurrency,
             bmc_timeout,
             routes,
+            kube_vip_annotation: file.load_balancer.kube_vip_annotation,
         })
     }
 }

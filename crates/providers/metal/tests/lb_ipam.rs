@@ -225,3 +225,38 @@ async fn pools_requests_sharing_exhaustion_and_restart() {
     .await;
     ccm.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_vip_annotation_publishes_auto_assigned_addresses() {
+    let dir = TempDir::new("lb-kv");
+    let (_kube, kubeconfig, client) = kube_sim(&dir.0).await;
+    let cloud_config = dir.0.join("metal.toml");
+    std::fs::write(
+        &cloud_config,
+        format!("{CONFIG}\n[load_balancer]\nkube_vip_annotation = true\n"),
+    )
+    .expect("config");
+    let ccm = Ccm::start(&kubeconfig, &cloud_config, &["--controllers=service"])
+        .await
+        .expect("ccm starts");
+    let api: Api<Service> = Api::namespaced(client.clone(), "default");
+    api.create(&PostParams::default(), &service("web", &[], &[(80, "TCP")]))
+        .await
+        .expect("web");
+    wait_for(
+        "kube-vip annotation equals the assigned address",
+        || async {
+            let svc = api.get("web").await.expect("web");
+            let note = svc
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .get("kube-vip.io/loadbalancerIPs")
+                .cloned();
+            note.is_some() && note == ingress(&api, "web").await.first().cloned()
+        },
+    )
+    .await;
+    assert_eq!(ingress(&api, "web").await, vec!["192.0.2.10"]);
+    ccm.stop().await;
+}
