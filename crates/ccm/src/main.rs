@@ -14,6 +14,7 @@ mod breakage;
 mod cluster;
 mod demo;
 mod doctor;
+mod manifests;
 mod plot;
 
 /// ccm-rs: a Kubernetes cloud-controller-manager, event-driven and batched.
@@ -43,6 +44,9 @@ enum Command {
     Bench(bench::BenchOptions),
     /// Serve the in-memory Kubernetes API server until Ctrl-C (for kubectl and tests).
     KubeSim(ccm_kube_sim::CliOptions),
+    /// Print the manifests that deploy ccm-rs (the Helm chart's objects): ServiceAccounts,
+    /// RBAC exactly as used, and a Deployment + PodDisruptionBudget, a DaemonSet or a static Pod.
+    Manifests(manifests::ManifestOptions),
     /// Check a cluster's cloud integration, read-only (also `kubectl ccm doctor`).
     ///
     /// Uninitialized nodes, the CCM's pods and leader election, kube-controller-manager and
@@ -56,6 +60,7 @@ fn providers() -> ccm_cloud::ProviderRegistry {
     let mut registry = ccm_cloud::ProviderRegistry::new();
     // Invariant: each name is registered once, so registering cannot collide.
     ccm_provider_sim::register(&mut registry).expect("fresh registry");
+    ccm_provider_metal::register(&mut registry).expect("fresh registry");
     registry
 }
 
@@ -91,6 +96,7 @@ fn main() -> ExitCode {
                 logging::quiet();
                 bench::run(opts).await
             }
+            Some(Command::Manifests(opts)) => manifests::run(&opts).map(|()| ExitCode::SUCCESS),
             Some(Command::Doctor(opts)) => {
                 logging::quiet();
                 doctor::run(opts).await
