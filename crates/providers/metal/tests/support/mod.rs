@@ -103,8 +103,40 @@ impl Sushy {
 
     /// As [`Sushy::start`], serving HTTPS with `(cert PEM, key PEM)` when given.
     pub fn start_with(systems: &[(&str, &str, &str)], tls: Option<(&str, &str)>) -> Self {
+        Self::start_full(systems, tls, None)
+    }
+
+    /// As [`Sushy::start_with`], requiring HTTP basic auth `(user, password)` when given.
+    pub fn start_full(
+        systems: &[(&str, &str, &str)],
+        tls: Option<(&str, &str)>,
+        auth: Option<(&str, &str)>,
+    ) -> Self {
         let dir = TempDir::new("sushy");
         let mut tls_conf = String::new();
+        if let Some((user, password)) = auth {
+            // sushy-tools reads an htpasswd file with bcrypt digests; bcrypt comes with it.
+            let python = find_tool("sushy-emulator").with_file_name("python3");
+            let out = Command::new(&python)
+                .args(["-c", "import bcrypt,sys; print(bcrypt.hashpw(sys.argv[1].encode(), bcrypt.gensalt(4)).decode())", password])
+                .output()
+                .expect("python3 next to sushy-emulator");
+            assert!(
+                out.status.success(),
+                "bcrypt: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let file = dir.0.join("htpasswd");
+            std::fs::write(
+                &file,
+                format!("{user}:{}", String::from_utf8_lossy(&out.stdout).trim()),
+            )
+            .expect("htpasswd");
+            tls_conf.push_str(&format!(
+                "SUSHY_EMULATOR_AUTH_FILE = '{}'\n",
+                file.display()
+            ));
+        }
         if let Some((cert, key)) = tls {
             let (c, k) = (dir.0.join("cert.pem"), dir.0.join("key.pem"));
             std::fs::write(&c, cert).expect("cert");
