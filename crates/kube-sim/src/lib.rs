@@ -6,6 +6,7 @@ mod faults;
 mod kinds;
 mod metrics;
 mod patch;
+mod proto;
 pub mod rbac;
 mod resources;
 mod selectors;

@@ -432,6 +432,8 @@ pub mod ids {
     pub const NAMESPACES: usize = 2;
     /// core/v1 serviceaccounts.
     pub const SERVICEACCOUNTS: usize = 5;
+    /// core/v1 events.
+    pub const EVENTS: usize = 6;
     /// coordination.k8s.io/v1 leases.
     pub const LEASES: usize = 9;
     /// rbac.authorization.k8s.io/v1 clusterroles.
@@ -471,6 +473,8 @@ mod tests {
         assert_eq!(RESOURCES[ids::SERVICES].plural, "services");
         assert_eq!(RESOURCES[ids::NAMESPACES].plural, "namespaces");
         assert_eq!(RESOURCES[ids::SERVICEACCOUNTS].plural, "serviceaccounts");
+        assert_eq!(RESOURCES[ids::EVENTS].api_version(), "v1");
+        assert_eq!(RESOURCES[ids::EVENTS].plural, "events");
         assert_eq!(RESOURCES[ids::LEASES].plural, "leases");
         assert_eq!(RESOURCES[ids::CLUSTERROLES].plural, "clusterroles");
         assert_eq!(
