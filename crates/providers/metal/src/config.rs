@@ -34,6 +34,9 @@ pub struct MetalConfigFile {
     /// LoadBalancer address pools.
     #[serde(default)]
     pub pools: Vec<PoolConfig>,
+    /// LoadBalancer behaviour.
+    #[serde(default)]
+    pub load_balancer: LoadBalancerOptions,
     /// Kernel pod-CIDR routes on the host the CCM runs on.
     pub routes: Option<RoutesConfig>,
 }
@@ -46,6 +49,16 @@ pub struct BmcOptions {
     pub concurrency: Option<usize>,
     /// Per-request timeout in milliseconds (default 5000).
     pub timeout_ms: Option<u64>,
+}
+
+/// `[load_balancer]`: how assigned addresses are published.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadBalancerOptions {
+    /// Also write the assigned addresses to the `kube-vip.io/loadbalancerIPs` annotation,
+    /// which is what kube-vip's service watcher announces (it does not read the status).
+    #[serde(default)]
+    pub kube_vip_annotation: bool,
 }
 
 /// `[[machines]]`: one machine, or every machine whose node name matches `pattern`.
@@ -84,15 +97,25 @@ pub struct MachineConfig {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct BmcConfig {
-    /// Base URL, e.g. `http://10.0.0.11:8000` (`http` only; see the provider docs).
+    /// Base URL, e.g. `https://10.0.0.11` or `http://10.0.0.11:8000`.
     pub endpoint: String,
+    /// PEM file with the CA certificate(s) the BMC's certificate chains to (default: the
+    /// system's roots).
+    pub ca_file: Option<PathBuf>,
+    /// Accept any certificate (self-signed BMCs on a trusted management network only).
+    #[serde(default)]
+    pub insecure_skip_verify: bool,
     /// The System: a Redfish id (`1`, a UUID) or a path (`/redfish/v1/Systems/1`); `{name}` is
     /// replaced by the node name. Default `{name}`.
     pub system: Option<String>,
     /// User name for HTTP basic auth.
     pub username: Option<String>,
-    /// File holding the password (e.g. a mounted Secret key); read at every reload, never logged.
+    /// File holding the password (e.g. a mounted Secret key); read at each request, never
+    /// logged.
     pub password_file: Option<PathBuf>,
+    /// `namespace/name` of a Secret with keys `password` and (optionally) `username`; read
+    /// through the API at each request. Needs `get` on that Secret.
+    pub credentials_secret: Option<String>,
 }
 
 /// `[[pools]]`: an address pool for LoadBalancer Services.
@@ -179,6 +202,8 @@ pub struct MetalConfig {
     pub bmc_timeout: Duration,
     /// Routes, if enabled.
     pub routes: Option<RoutesSettings>,
+    /// Write `kube-vip.io/loadbalancerIPs` after assigning.
+    pub kube_vip_annotation: bool,
 }
 
 /// Checked `[routes]`.
@@ -263,6 +288,7 @@ impl MetalConfig {
             bmc_concurrency,
             bmc_timeout,
             routes,
+            kube_vip_annotation: file.load_balancer.kube_vip_annotation,
         })
     }
 }
@@ -352,22 +378,37 @@ fn check_bmc(i: usize, bmc: &BmcConfig) -> Result<(), ConfigError> {
         .parse()
         .map_err(|_| ConfigError::field(&field, "a URL such as \"http://10.0.0.11:8000\""))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(ConfigError::field(
-                &field,
-                "an http:// URL: this build speaks plain HTTP to BMCs; put a TLS-terminating proxy in front of HTTPS-only BMCs",
-            ));
-        }
+        Some("http" | "https") => {}
         _ => {
             return Err(ConfigError::field(
                 &field,
-                "a URL with a scheme, such as \"http://10.0.0.11:8000\"",
+                "a URL with a scheme, such as \"https://10.0.0.11\"",
             ));
         }
     }
     if uri.host().is_none() {
         return Err(ConfigError::field(&field, "a URL with a host"));
+    }
+    if let Some(ca) = &bmc.ca_file {
+        crate::tls::client_config(Some(ca), false)
+            .map_err(|e| ConfigError::field(format!("machines[{i}].bmc.ca_file"), e))?;
+    }
+    if let Some(secret) = &bmc.credentials_secret {
+        let ok = secret
+            .split_once('/')
+            .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'));
+        if !ok {
+            return Err(ConfigError::field(
+                format!("machines[{i}].bmc.credentials_secret"),
+                format!("\"namespace/name\" of a Secret; got {secret:?}"),
+            ));
+        }
+        if bmc.password_file.is_some() {
+            return Err(ConfigError::field(
+                format!("machines[{i}].bmc.credentials_secret"),
+                "either credentials_secret or password_file, not both",
+            ));
+        }
     }
     if bmc.password_file.is_some() && bmc.username.is_none() {
         return Err(ConfigError::field(
@@ -461,10 +502,18 @@ mod tests {
         let err = MetalConfig::parse("[routes]\ntable = 254\n").expect_err("main table");
         assert!(err.to_string().contains("routes.table"), "{err}");
         let err = MetalConfig::parse(
-            "[[machines]]\nname = \"a\"\n[machines.bmc]\nendpoint = \"https://bmc\"\n",
+            "[[machines]]\nname = \"a\"\n[machines.bmc]\nendpoint = \"ftp://bmc\"\n",
         )
-        .expect_err("https");
-        assert!(err.to_string().contains("proxy"), "{err}");
+        .expect_err("scheme");
+        assert!(
+            err.to_string().contains("machines[0].bmc.endpoint"),
+            "{err}"
+        );
+        let err = MetalConfig::parse(
+            "[[machines]]\nname = \"a\"\n[machines.bmc]\nendpoint = \"https://bmc\"\nca_file = \"/nonexistent.pem\"\n",
+        )
+        .expect_err("ca file");
+        assert!(err.to_string().contains("machines[0].bmc.ca_file"), "{err}");
         let err = MetalConfig::parse("[[machines]]\nname = \"a\"\n[[machines]]\nname = \"a\"\n")
             .expect_err("dup");
         assert!(err.to_string().contains("appears twice"), "{err}");

@@ -4,15 +4,19 @@
 //! bound, and every failure other than "the System resource does not exist" (HTTP 404) is an
 //! error the caller must not read as "machine gone".
 
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 
 use crate::config::BmcConfig;
@@ -49,10 +53,14 @@ pub enum BmcError {
     },
 }
 
-/// Shared Redfish client: one connection pool, one concurrency bound.
+type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
+/// `(ca_file, insecure_skip_verify)`: BMCs with the same TLS setting share a connection pool.
+type TlsKey = (Option<PathBuf>, bool);
+
+/// Shared Redfish client: one connection pool per TLS setting, one concurrency bound.
 #[derive(Clone)]
 pub struct Redfish {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    clients: Arc<Mutex<HashMap<TlsKey, HttpClient>>>,
     permits: Arc<Semaphore>,
     timeout: Duration,
 }
@@ -68,29 +76,64 @@ impl std::fmt::Debug for Redfish {
 impl Redfish {
     /// A client allowing `concurrency` requests in flight, each bounded by `timeout`.
     pub fn new(concurrency: usize, timeout: Duration) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(timeout));
         Redfish {
-            client: Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .build(connector),
+            clients: Arc::new(Mutex::new(HashMap::new())),
             permits: Arc::new(Semaphore::new(concurrency.max(1))),
             timeout,
         }
     }
 
+    fn client(&self, bmc: &BmcConfig) -> Result<HttpClient, String> {
+        let key = (bmc.ca_file.clone(), bmc.insecure_skip_verify);
+        if let Some(c) = self.clients.lock().get(&key) {
+            return Ok(c.clone());
+        }
+        let tls = crate::tls::client_config(bmc.ca_file.as_deref(), bmc.insecure_skip_verify)?;
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(self.timeout));
+        http.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        self.clients.lock().insert(key, client.clone());
+        Ok(client)
+    }
+
     /// The power state of the System `bmc` names for `node`.
     pub async fn power(&self, bmc: &BmcConfig, node: &str) -> Result<Power, BmcError> {
+        self.power_as(bmc, node, None).await
+    }
+
+    /// As [`Redfish::power`], with `(user, password)` from elsewhere (a Secret) instead of
+    /// the config's `username` / `password_file`.
+    pub async fn power_as(
+        &self,
+        bmc: &BmcConfig,
+        node: &str,
+        credentials: Option<(String, String)>,
+    ) -> Result<Power, BmcError> {
         let _permit = self.permits.acquire().await.map_err(|_| BmcError::Failed {
             endpoint: bmc.endpoint.clone(),
             message: "client closed".into(),
         })?;
         let url = system_url(bmc, node);
-        let auth = basic_auth(bmc).map_err(|message| BmcError::Failed {
+        let auth = match credentials {
+            Some((user, password)) => Some(encode_basic(&user, &password)),
+            None => basic_auth(bmc).map_err(|message| BmcError::Failed {
+                endpoint: bmc.endpoint.clone(),
+                message,
+            })?,
+        };
+        let client = self.client(bmc).map_err(|message| BmcError::Failed {
             endpoint: bmc.endpoint.clone(),
             message,
         })?;
-        let fut = self.get_following_redirects(url, auth, &bmc.endpoint);
+        let fut = get_following_redirects(client, url, auth, &bmc.endpoint);
         match tokio::time::timeout(self.timeout, fut).await {
             Ok(r) => r,
             Err(_) => Err(BmcError::Timeout {
@@ -99,56 +142,55 @@ impl Redfish {
             }),
         }
     }
+}
 
-    async fn get_following_redirects(
-        &self,
-        mut url: String,
-        auth: Option<String>,
-        endpoint: &str,
-    ) -> Result<Power, BmcError> {
-        let fail = |message: String| BmcError::Failed {
-            endpoint: endpoint.to_string(),
-            message,
-        };
-        for _ in 0..4 {
-            let mut req = http::Request::get(&url).header("Accept", "application/json");
-            if let Some(a) = &auth {
-                req = req.header("Authorization", a);
-            }
-            let req = req
-                .body(Empty::new())
-                .map_err(|e| fail(format!("bad request URL {url}: {e}")))?;
-            let resp = self
-                .client
-                .request(req)
-                .await
-                .map_err(|e| fail(format!("GET {url}: {}", error_chain(&e))))?;
-            let status = resp.status();
-            if status.is_redirection() {
-                let loc = resp
-                    .headers()
-                    .get(http::header::LOCATION)
-                    .and_then(|l| l.to_str().ok())
-                    .ok_or_else(|| fail(format!("GET {url}: {status} without Location")))?;
-                url = resolve(endpoint, loc);
-                continue;
-            }
-            if status == http::StatusCode::NOT_FOUND {
-                return Ok(Power::NoSuchSystem);
-            }
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| fail(format!("GET {url}: reading the body: {e}")))?
-                .to_bytes();
-            if !status.is_success() {
-                return Err(fail(format!("GET {url}: HTTP {status}")));
-            }
-            return parse_power(&body).map_err(|m| fail(format!("GET {url}: {m}")));
+async fn get_following_redirects(
+    client: HttpClient,
+    mut url: String,
+    auth: Option<String>,
+    endpoint: &str,
+) -> Result<Power, BmcError> {
+    let fail = |message: String| BmcError::Failed {
+        endpoint: endpoint.to_string(),
+        message,
+    };
+    for _ in 0..4 {
+        let mut req = http::Request::get(&url).header("Accept", "application/json");
+        if let Some(a) = &auth {
+            req = req.header("Authorization", a);
         }
-        Err(fail(format!("GET {url}: too many redirects")))
+        let req = req
+            .body(Empty::new())
+            .map_err(|e| fail(format!("bad request URL {url}: {e}")))?;
+        let resp = client
+            .request(req)
+            .await
+            .map_err(|e| fail(format!("GET {url}: {}", error_chain(&e))))?;
+        let status = resp.status();
+        if status.is_redirection() {
+            let loc = resp
+                .headers()
+                .get(http::header::LOCATION)
+                .and_then(|l| l.to_str().ok())
+                .ok_or_else(|| fail(format!("GET {url}: {status} without Location")))?;
+            url = resolve(endpoint, loc);
+            continue;
+        }
+        if status == http::StatusCode::NOT_FOUND {
+            return Ok(Power::NoSuchSystem);
+        }
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| fail(format!("GET {url}: reading the body: {e}")))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(fail(format!("GET {url}: HTTP {status}")));
+        }
+        return parse_power(&body).map_err(|m| fail(format!("GET {url}: {m}")));
     }
+    Err(fail(format!("GET {url}: too many redirects")))
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -196,8 +238,12 @@ fn basic_auth(bmc: &BmcConfig) -> Result<Option<String>, String> {
             .to_string(),
         None => String::new(),
     };
+    Ok(Some(encode_basic(user, &password)))
+}
+
+fn encode_basic(user: &str, password: &str) -> String {
     let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-    Ok(Some(format!("Basic {token}")))
+    format!("Basic {token}")
 }
 
 fn parse_power(body: &[u8]) -> Result<Power, String> {

@@ -76,7 +76,7 @@ pub fn find_tool(tool: &str) -> PathBuf {
     on_path
         .or_else(|| venv.is_file().then_some(venv))
         .unwrap_or_else(|| {
-            panic!("{tool} is not installed: run .ci/run once (its .ci/setup.d/40-sushy.sh installs sushy-tools into .venv)")
+            panic!("{tool} is not installed: run .ci/run once (its .ci/setup.d/40-metal.sh installs sushy-tools into .venv)")
         })
 }
 
@@ -98,7 +98,55 @@ impl Drop for Sushy {
 impl Sushy {
     /// Starts the emulator with `(name, uuid, power_state)` systems.
     pub fn start(systems: &[(&str, &str, &str)]) -> Self {
+        Self::start_with(systems, None)
+    }
+
+    /// As [`Sushy::start`], serving HTTPS with `(cert PEM, key PEM)` when given.
+    pub fn start_with(systems: &[(&str, &str, &str)], tls: Option<(&str, &str)>) -> Self {
+        Self::start_full(systems, tls, None)
+    }
+
+    /// As [`Sushy::start_with`], requiring HTTP basic auth `(user, password)` when given.
+    pub fn start_full(
+        systems: &[(&str, &str, &str)],
+        tls: Option<(&str, &str)>,
+        auth: Option<(&str, &str)>,
+    ) -> Self {
         let dir = TempDir::new("sushy");
+        let mut tls_conf = String::new();
+        if let Some((user, password)) = auth {
+            // sushy-tools reads an htpasswd file with bcrypt digests; bcrypt comes with it.
+            let python = find_tool("sushy-emulator").with_file_name("python3");
+            let out = Command::new(&python)
+                .args(["-c", "import bcrypt,sys; print(bcrypt.hashpw(sys.argv[1].encode(), bcrypt.gensalt(4)).decode())", password])
+                .output()
+                .expect("python3 next to sushy-emulator");
+            assert!(
+                out.status.success(),
+                "bcrypt: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let file = dir.0.join("htpasswd");
+            std::fs::write(
+                &file,
+                format!("{user}:{}", String::from_utf8_lossy(&out.stdout).trim()),
+            )
+            .expect("htpasswd");
+            tls_conf.push_str(&format!(
+                "SUSHY_EMULATOR_AUTH_FILE = '{}'\n",
+                file.display()
+            ));
+        }
+        if let Some((cert, key)) = tls {
+            let (c, k) = (dir.0.join("cert.pem"), dir.0.join("key.pem"));
+            std::fs::write(&c, cert).expect("cert");
+            std::fs::write(&k, key).expect("key");
+            tls_conf = format!(
+                "SUSHY_EMULATOR_SSL_CERT = '{}'\nSUSHY_EMULATOR_SSL_KEY = '{}'\n",
+                c.display(),
+                k.display()
+            );
+        }
         let list: Vec<String> = systems
             .iter()
             .map(|(name, uuid, power)| {
@@ -109,7 +157,7 @@ impl Sushy {
         std::fs::write(
             &conf,
             format!(
-                "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = 0\nSUSHY_EMULATOR_STATE_DIR = '{}'\nSUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_FAKE_SYSTEMS = [{}]\n",
+                "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = 0\nSUSHY_EMULATOR_STATE_DIR = '{}'\nSUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_FAKE_SYSTEMS = [{}]\n{tls_conf}",
                 dir.0.join("state").display(),
                 list.join(", ")
             ),
@@ -126,7 +174,7 @@ impl Sushy {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("Running on http://").nth(1) {
+                if let Some(rest) = line.split("Running on ").nth(1) {
                     let _ = tx.send(rest.trim().to_string());
                 }
             }
@@ -136,7 +184,7 @@ impl Sushy {
             .expect("sushy-emulator did not print its address within 30 s");
         Sushy {
             child,
-            endpoint: format!("http://{addr}"),
+            endpoint: addr,
             _dir: dir,
         }
     }
@@ -231,9 +279,15 @@ impl Ccm {
 
 /// kube-sim with a kubeconfig on disk.
 pub async fn kube_sim(dir: &Path) -> (KubeSim, PathBuf, kube::Client) {
-    let sim = KubeSim::start(ccm_kube_sim::Config::default())
-        .await
-        .expect("kube-sim");
+    kube_sim_with(dir, ccm_kube_sim::Config::default()).await
+}
+
+/// As [`kube_sim`] with a custom config (e.g. dual-stack Service CIDRs).
+pub async fn kube_sim_with(
+    dir: &Path,
+    config: ccm_kube_sim::Config,
+) -> (KubeSim, PathBuf, kube::Client) {
+    let sim = KubeSim::start(config).await.expect("kube-sim");
     let kubeconfig = dir.join("kubeconfig");
     sim.write_kubeconfig(&kubeconfig).expect("kubeconfig");
     let client = sim.client().expect("client");
