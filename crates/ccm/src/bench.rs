@@ -248,6 +248,12 @@ pub struct IdleResult {
     pub lease_requests_per_hour: f64,
     /// route_controller_route_sync_total delta over the window.
     pub route_syncs: u64,
+    /// CCM RSS at the start and at the end of the window, MB (growth at rest shows here).
+    pub rss_start_mb: f64,
+    /// See `rss_start_mb`.
+    pub rss_end_mb: f64,
+    /// CCM CPU seconds spent during the window.
+    pub cpu_seconds: f64,
     /// Cumulative cloud calls sampled each second (for the chart).
     #[serde(skip)]
     pub timeline: Vec<(f64, u64)>,
@@ -536,16 +542,15 @@ async fn register_nodes(
     cluster: &SimCluster,
     range: std::ops::Range<u32>,
 ) -> anyhow::Result<HashMap<String, (Instant, Instant)>> {
-    let results: Vec<anyhow::Result<(String, (Instant, Instant))>> =
-        futures::stream::iter(range)
-            .map(|i| async move {
-                let t = Instant::now();
-                let name = cluster.add_node(i).await?;
-                Ok((name, (t, Instant::now())))
-            })
-            .buffer_unordered(64)
-            .collect()
-            .await;
+    let results: Vec<anyhow::Result<(String, (Instant, Instant))>> = futures::stream::iter(range)
+        .map(|i| async move {
+            let t = Instant::now();
+            let name = cluster.add_node(i).await?;
+            Ok((name, (t, Instant::now())))
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
     results.into_iter().collect()
 }
 
@@ -650,8 +655,10 @@ async fn burst(
         (routes_at, tl)
     });
     let registered = registered?;
-    let created: HashMap<String, Instant> =
-        registered.iter().map(|(k, (s, _))| (k.clone(), *s)).collect();
+    let created: HashMap<String, Instant> = registered
+        .iter()
+        .map(|(k, (s, _))| (k.clone(), *s))
+        .collect();
     let last_registered = registered.values().map(|(_, e)| *e).max();
     let (routes_at, tl) = sampled;
     *timeline = tl;
@@ -715,6 +722,7 @@ async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
             k.reset_requests();
         }
         let syncs_before = env.metric("route_controller_route_sync_total").await;
+        let at_start = env.usage();
         let window = opts.idle_window.0;
         let t0 = Instant::now();
         let mut timeline = Vec::new();
@@ -748,6 +756,9 @@ async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
             lease_requests_per_hour: per_hour(lease),
             route_syncs: syncs,
             timeline,
+            rss_start_mb: at_start.rss_mb,
+            rss_end_mb: env.usage().rss_mb,
+            cpu_seconds: env.usage().cpu_seconds - at_start.cpu_seconds,
         });
         r.usage = env.usage();
         env.stop().await;
@@ -1094,12 +1105,16 @@ fn print_table(results: &[ScenarioResult]) {
         }
         for i in &r.idle {
             println!(
-                "  idle [{:<8}] cloud calls/h {:>8.1}  API requests/h {:>8.1} (+{:.0} lease)  route syncs {}",
+                "  idle [{:<8}] cloud calls/h {:>8.1}  API requests/h {:>8.1} (+{:.0} lease)  route syncs {}  RSS {:.1} → {:.1} MB over {:.0}s, CPU {:.2}s",
                 i.route_mode,
                 i.cloud_calls_per_hour,
                 i.api_requests_per_hour,
                 i.lease_requests_per_hour,
-                i.route_syncs
+                i.route_syncs,
+                i.rss_start_mb,
+                i.rss_end_mb,
+                i.window_seconds,
+                i.cpu_seconds
             );
         }
         if let Some(lag) = r.churn_convergence_lag_seconds {

@@ -44,7 +44,10 @@ fn every_scenario_runs_small() {
         .iter()
         .filter_map(|s| s["scenario"].as_str())
         .collect();
-    assert_eq!(names, ["burst", "idle", "services", "churn", "memory", "join"]);
+    assert_eq!(
+        names,
+        ["burst", "idle", "services", "churn", "memory", "join"]
+    );
     for s in scenarios {
         assert_eq!(s["converged"], true, "{s}");
         assert!(

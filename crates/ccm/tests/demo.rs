@@ -100,8 +100,14 @@ async fn run_serves_health_and_upstream_metrics() {
         .expect("spawn");
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let deadline = Instant::now() + Duration::from_secs(60);
+    // /readyz can answer 200 in the moment between becoming leader and registering the
+    // controllers' checks (they are registered only after leader election): wait for the
+    // controllers themselves.
     loop {
-        if let Some((200, _)) = get(addr, "/readyz") {
+        let ready = matches!(get(addr, "/readyz"), Some((200, _)));
+        let started = get(addr, "/healthz?verbose")
+            .is_some_and(|(_, b)| b.contains("[+]node-route-controller ok"));
+        if ready && started {
             break;
         }
         assert!(Instant::now() < deadline, "/readyz never became 200");
@@ -203,9 +209,17 @@ async fn service_account_credentials_mint_a_token_per_controller() {
         assert!(Instant::now() < deadline, "/readyz never became 200");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let minted = kube.count_requests(|k| {
-        k.resource == "serviceaccounts" && k.subresource == "token" && (200..300).contains(&k.code)
-    });
+    let count = || {
+        kube.count_requests(|k| {
+            k.resource == "serviceaccounts"
+                && k.subresource == "token"
+                && (200..300).contains(&k.code)
+        })
+    };
+    while count() < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let minted = count();
     // node-controller (cloud-node and lifecycle), route-controller, service-controller.
     assert!(minted >= 3, "only {minted} tokens minted");
     let _ = child.kill().await;
