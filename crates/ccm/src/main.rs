@@ -6,19 +6,21 @@
 
 use std::process::ExitCode;
 
+use ccm_manager::logging;
 use clap::{Parser, Subcommand};
 
 mod bench;
 mod cluster;
 mod demo;
-mod logging;
+mod doctor;
+mod manifests;
 mod plot;
 
 /// ccm-rs: a Kubernetes cloud-controller-manager, event-driven and batched.
 #[derive(Debug, Parser)]
 #[command(
     name = "ccm",
-    version,
+    disable_version_flag = true,
     args_conflicts_with_subcommands = true,
     about = "ccm-rs: a Kubernetes cloud-controller-manager, event-driven and batched",
     long_about = "ccm-rs: a Kubernetes cloud-controller-manager, event-driven and batched.\n\nWith flags and no subcommand, `ccm` behaves like `ccm run`, so manifests written for an upstream cloud-controller-manager work unchanged."
@@ -41,32 +43,50 @@ enum Command {
     Bench(bench::BenchOptions),
     /// Serve the in-memory Kubernetes API server until Ctrl-C (for kubectl and tests).
     KubeSim(ccm_kube_sim::CliOptions),
+    /// Print the manifests that deploy ccm-rs (the Helm chart's objects): ServiceAccounts,
+    /// RBAC exactly as used, and a Deployment + PodDisruptionBudget, a DaemonSet or a static Pod.
+    Manifests(manifests::ManifestOptions),
+    /// Check a cluster's cloud integration, read-only (also `kubectl ccm doctor`).
+    ///
+    /// Uninitialized nodes, the CCM's pods and leader election, kube-controller-manager and
+    /// kubelet flags, LoadBalancer Services, route syncs. Exit status 0 all ok, 1 warnings,
+    /// 2 failures.
+    Doctor(doctor::DoctorOptions),
 }
 
-/// Providers compiled into this binary.
+/// Providers compiled into this binary. Provider crates register here, one line each.
 fn providers() -> ccm_cloud::ProviderRegistry {
     let mut registry = ccm_cloud::ProviderRegistry::new();
-    // Invariant: a fresh registry has no "sim" yet, so registering cannot collide.
+    // Invariant: each name is registered once, so registering cannot collide.
     ccm_provider_sim::register(&mut registry).expect("fresh registry");
+    ccm_provider_metal::register(&mut registry).expect("fresh registry");
     registry
 }
 
+/// Installed as `kubectl-ccm` (a link to `ccm`), the binary is a kubectl plugin:
+/// `kubectl ccm doctor` runs `kubectl-ccm doctor`, which behaves as `ccm doctor`.
+fn parse_cli() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let plugin = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("kubectl-ccm"));
+    let mut cmd = Cli::command();
+    if plugin {
+        cmd = cmd.bin_name("kubectl ccm");
+    }
+    let matches = cmd.get_matches_from(args);
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async move {
+    let cli = parse_cli();
+    ccm_manager::app::block_on(async move {
         match cli.command {
-            Some(Command::Run(opts)) => run(*opts).await,
-            None => run(cli.run).await,
+            Some(Command::Run(opts)) => ccm_manager::app::run(*opts, &providers()).await,
+            None => ccm_manager::app::run(cli.run, &providers()).await,
             Some(Command::Demo(opts)) => {
                 logging::quiet();
                 demo::run(opts).await
@@ -75,6 +95,11 @@ fn main() -> ExitCode {
                 logging::quiet();
                 bench::run(opts).await
             }
+            Some(Command::Manifests(opts)) => manifests::run(&opts).map(|()| ExitCode::SUCCESS),
+            Some(Command::Doctor(opts)) => {
+                logging::quiet();
+                doctor::run(opts).await
+            }
             Some(Command::KubeSim(opts)) => {
                 logging::init(2, ccm_manager::options::LogFormat::Text);
                 ccm_kube_sim::serve_cli(opts)
@@ -82,53 +107,5 @@ fn main() -> ExitCode {
                     .map(|()| ExitCode::SUCCESS)
             }
         }
-    });
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-async fn run(opts: ccm_manager::options::RunOptions) -> anyhow::Result<ExitCode> {
-    logging::init(opts.verbosity, opts.log_format);
-    let validated = opts.validate()?;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    spawn_signal_handler(shutdown.clone());
-    let rt = ccm_manager::run::Runtime::default();
-    let exit = ccm_manager::run::run(validated, &providers(), &rt, shutdown).await?;
-    Ok(match exit {
-        ccm_manager::run::Exit::Shutdown => ExitCode::SUCCESS,
-        ccm_manager::run::Exit::LeaderLost => ExitCode::from(1),
     })
-}
-
-/// Cancels `token` on SIGTERM or Ctrl-C.
-fn spawn_signal_handler(token: tokio_util::sync::CancellationToken) {
-    tokio::spawn(async move {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{SignalKind, signal};
-            let mut term = match signal(SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                    let _ = tokio::signal::ctrl_c().await;
-                    token.cancel();
-                    return;
-                }
-            };
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-                _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down"),
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-        token.cancel();
-    });
 }

@@ -75,6 +75,26 @@ fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     Some((code, body))
 }
 
+/// Waits until the CCM is ready *and* leads with its controllers started (a standby is ready
+/// too, so /readyz alone does not say the controllers run).
+async fn wait_controllers(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = matches!(get(addr, "/readyz"), Some((200, _)));
+        let healthz = get(addr, "/healthz?verbose")
+            .map(|r| r.1)
+            .unwrap_or_default();
+        if ready && healthz.contains("[+]service-lb-controller ok") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "controllers never started: {healthz}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_serves_health_and_upstream_metrics() {
     let kube = ccm_kube_sim::KubeSim::start(ccm_kube_sim::Config::default())
@@ -99,20 +119,7 @@ async fn run_serves_health_and_upstream_metrics() {
         .spawn()
         .expect("spawn");
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    // /readyz can answer 200 in the moment between becoming leader and registering the
-    // controllers' checks (they are registered only after leader election): wait for the
-    // controllers themselves.
-    loop {
-        let ready = matches!(get(addr, "/readyz"), Some((200, _)));
-        let started = get(addr, "/healthz?verbose")
-            .is_some_and(|(_, b)| b.contains("[+]node-route-controller ok"));
-        if ready && started {
-            break;
-        }
-        assert!(Instant::now() < deadline, "/readyz never became 200");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_controllers(addr).await;
     let (code, body) = get(addr, "/healthz?verbose").expect("healthz");
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("[+]leaderElection ok"), "{body}");
@@ -204,22 +211,10 @@ async fn service_account_credentials_mint_a_token_per_controller() {
             .expect("create sa");
     }
     let (mut child, addr) = spawn_run(&kube, &["--use-service-account-credentials"]).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !matches!(get(addr, "/readyz"), Some((200, _))) {
-        assert!(Instant::now() < deadline, "/readyz never became 200");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let count = || {
-        kube.count_requests(|k| {
-            k.resource == "serviceaccounts"
-                && k.subresource == "token"
-                && (200..300).contains(&k.code)
-        })
-    };
-    while count() < 3 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let minted = count();
+    wait_controllers(addr).await;
+    let minted = kube.count_requests(|k| {
+        k.resource == "serviceaccounts" && k.subresource == "token" && (200..300).contains(&k.code)
+    });
     // node-controller (cloud-node and lifecycle), route-controller, service-controller.
     assert!(minted >= 3, "only {minted} tokens minted");
     let _ = child.kill().await;

@@ -4,10 +4,13 @@
 //! health and metrics server ([`serve`]) and the wiring that starts the enabled controllers
 //! against one client and one provider ([`run`]).
 
+pub mod app;
 pub mod client;
 pub mod leader;
+pub mod logging;
 pub mod options;
 pub mod procfs;
 pub mod run;
 pub mod serve;
+pub mod serving_options;
 mod tls;

@@ -28,6 +28,22 @@ pub const FEATURE_GATES: &[(&str, bool)] = &[
     ("ControllerManagerReleaseLeaderElectionLockOnExit", true),
 ];
 
+/// Feature gates upstream's binary registers (component-base logging and metrics,
+/// k8s.io/apiserver) that govern nothing in ccm-rs: accepted with a startup notice.
+pub const INERT_FEATURE_GATES: &[&str] = &[
+    "AllAlpha",
+    "AllBeta",
+    "ComponentSLIs",
+    "ContextualLogging",
+    "LoggingAlphaOptions",
+    "LoggingBetaOptions",
+    "APIResponseCompression",
+    "OpenAPIEnums",
+    "UnauthenticatedHTTP2DOSMitigation",
+    "CloudDualStackNodeIPs",
+    "StableLoadBalancerNodeSet",
+];
+
 /// A Go-style duration: `300ms`, `10s`, `5m`, `1h30m`, `2h45m10.5s`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GoDuration(pub Duration);
@@ -123,65 +139,122 @@ pub enum LogFormat {
 }
 
 /// Options of `ccm run` (and of `ccm` with flags but no subcommand).
+///
+/// Every flag of the upstream 1.36 `cloud-controller-manager` is here, in upstream's help
+/// sections (`docs/upstream-flags.md` lists each one and what ccm-rs does with it); flags that
+/// ccm-rs accepts without acting on them print a one-line notice at startup ([`RunOptions::notices`]).
 #[derive(Debug, Clone, Args)]
-#[command(next_help_heading = "Cloud provider")]
 pub struct RunOptions {
+    // ---- Debugging flags
+    /// Upstream serves /debug/pprof when true; ccm-rs has no Go profiler to serve (accepted, no effect).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, help_heading = "Debugging flags")]
+    pub profiling: bool,
+
+    /// Upstream: lock contention profiling when --profiling is on. Accepted, no effect.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, help_heading = "Debugging flags")]
+    pub contention_profiling: Option<bool>,
+
+    // ---- Leader-migration flags
+    /// Upstream: migrate controllers from kube-controller-manager under a second lease.
+    /// Not implemented in ccm-rs: accepted, a startup warning says the main lease alone is used.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, help_heading = "Leader-migration flags")]
+    pub enable_leader_migration: Option<bool>,
+
+    /// Path to the LeaderMigrationConfiguration file. Accepted, no effect (see --enable-leader-migration).
+    #[arg(long, help_heading = "Leader-migration flags")]
+    pub leader_migration_config: Option<String>,
+
+    // ---- Generic flags
     /// The provider to run (e.g. `sim`). Required.
-    #[arg(long, default_value = "", hide_default_value = true)]
+    #[arg(
+        long,
+        default_value = "",
+        hide_default_value = true,
+        help_heading = "Generic flags"
+    )]
     pub cloud_provider: String,
 
     /// Path to the provider's configuration file.
-    #[arg(long)]
+    #[arg(long, help_heading = "Generic flags")]
     pub cloud_config: Option<PathBuf>,
 
     /// Deprecated upstream; accepted so old manifests still start. ccm-rs always requires the
     /// provider to scope its resources to the cluster.
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool)]
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, help_heading = "Generic flags")]
     pub allow_untagged_cloud: bool,
 
-    /// Client-side limit for cloud API calls per second (ccm-rs; 0 = unlimited).
-    #[arg(long, default_value_t = 0.0)]
-    pub cloud_api_qps: f64,
+    /// Upstream: the volume plugin for in-tree volume controllers. ccm-rs runs no volume
+    /// controllers (neither does upstream's CCM): accepted, no effect.
+    #[arg(long, help_heading = "Generic flags")]
+    pub external_cloud_volume_plugin: Option<String>,
 
-    /// Burst for `--cloud-api-qps` (ccm-rs).
-    #[arg(long, default_value_t = 20)]
-    pub cloud_api_burst: u32,
+    /// Each controller talks to the API as its own service account in kube-system
+    /// (node-controller, route-controller, service-controller), via the TokenRequest API.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, help_heading = "Generic flags")]
+    pub use_service_account_credentials: bool,
 
-    // ---- Kubernetes API
-    /// Path to a kubeconfig; in-cluster config when omitted.
-    #[arg(long, help_heading = "Kubernetes API")]
-    pub kubeconfig: Option<PathBuf>,
+    /// Full route reconcile period in interval mode (watch-based routes gate off).
+    #[arg(long, default_value = "10s", help_heading = "Generic flags")]
+    pub route_reconciliation_period: GoDuration,
 
-    /// The API server address; overrides the kubeconfig's server.
-    #[arg(long, help_heading = "Kubernetes API")]
-    pub master: Option<String>,
+    /// Lifecycle controller period: Ready nodes are checked from the cache, NotReady ones in
+    /// one batched cloud call.
+    #[arg(long, default_value = "5s", help_heading = "Generic flags")]
+    pub node_monitor_period: GoDuration,
 
-    /// Client-side limit for API server requests per second, per controller (each controller
-    /// has its own client, as upstream; events have one more). ccm-rs: 500 (upstream CCM: 20).
-    /// API Priority and Fairness protects the API server; this limit only guards against a
-    /// runaway loop, and at upstream's 20 a 1,000-node burst takes minutes to initialize.
-    #[arg(long, default_value_t = 500.0, help_heading = "Kubernetes API")]
-    pub kube_api_qps: f64,
+    /// Name handed to the provider to scope load balancers and routes.
+    #[arg(long, default_value = "kubernetes", help_heading = "Generic flags")]
+    pub cluster_name: String,
 
-    /// Burst for `--kube-api-qps`. ccm-rs: 2000 (upstream CCM: 30): room for a 1,000-node
-    /// scale-up (2 writes per Node) to initialize at API-server speed.
-    #[arg(long, default_value_t = 2000, help_heading = "Kubernetes API")]
-    pub kube_api_burst: u32,
+    /// Pod CIDR range of the cluster: one CIDR or a comma-separated IPv4,IPv6 pair. Required
+    /// when routes are configured.
+    #[arg(long, default_value = "", help_heading = "Generic flags")]
+    pub cluster_cidr: String,
+
+    /// Node IPAM is not part of ccm-rs; must stay false (run IPAM in kube-controller-manager).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, help_heading = "Generic flags")]
+    pub allocate_node_cidrs: bool,
+
+    /// Accepted for compatibility (IPAM is not part of ccm-rs).
+    #[arg(long, default_value = "RangeAllocator", help_heading = "Generic flags")]
+    pub cidr_allocator_type: String,
+
+    /// Program pod-CIDR routes in the cloud (when the provider supports routes).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, help_heading = "Generic flags")]
+    pub configure_cloud_routes: bool,
+
+    /// Deprecated upstream and a no-op there too: accepted, no effect.
+    #[arg(long, hide = true, help_heading = "Generic flags")]
+    pub node_sync_period: Option<GoDuration>,
+
+    /// Accepted for compatibility; caches never resync (they are event-driven).
+    #[arg(long, default_value = "12h", help_heading = "Generic flags")]
+    pub min_resync_period: GoDuration,
 
     /// Accepted for compatibility; ccm-rs always talks JSON.
     #[arg(
         long,
         default_value = "application/json",
-        help_heading = "Kubernetes API"
+        help_heading = "Generic flags"
     )]
     pub kube_api_content_type: String,
 
-    /// Each controller talks to the API as its own service account in kube-system
-    /// (node-controller, route-controller, service-controller), via the TokenRequest API.
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, help_heading = "Kubernetes API")]
-    pub use_service_account_credentials: bool,
+    /// Client-side limit for API server requests per second, per controller (each controller
+    /// has its own client, as upstream; events have one more). ccm-rs: 500 (upstream CCM: 20).
+    /// API Priority and Fairness protects the API server; this limit only guards against a
+    /// runaway loop, and at upstream's 20 a 1,000-node burst takes minutes to initialize.
+    #[arg(long, default_value_t = 500.0, help_heading = "Generic flags")]
+    pub kube_api_qps: f64,
 
-    // ---- Controllers
+    /// Burst for `--kube-api-qps`. ccm-rs: 2000 (upstream CCM: 30): room for a 1,000-node
+    /// scale-up (2 writes per Node) to initialize at API-server speed.
+    #[arg(long, default_value_t = 2000, help_heading = "Generic flags")]
+    pub kube_api_burst: u32,
+
+    /// Pause between starting controllers (jittered up to 2x, as upstream).
+    #[arg(long, default_value = "0", help_heading = "Generic flags")]
+    pub controller_start_interval: GoDuration,
+
     /// Controllers to run: `*` for all, a name to enable, `-name` to disable. Canonical names
     /// and aliases: cloud-node-controller (cloud-node), cloud-node-lifecycle-controller
     /// (cloud-node-lifecycle), node-route-controller (route), service-lb-controller (service).
@@ -189,160 +262,212 @@ pub struct RunOptions {
         long,
         value_delimiter = ',',
         default_value = "*",
-        help_heading = "Controllers"
+        help_heading = "Generic flags"
     )]
     pub controllers: Vec<String>,
 
-    /// Name handed to the provider to scope load balancers and routes.
-    #[arg(long, default_value = "kubernetes", help_heading = "Controllers")]
-    pub cluster_name: String,
-
-    /// Pod CIDR range of the cluster: one CIDR or a comma-separated IPv4,IPv6 pair. Required
-    /// when routes are configured.
-    #[arg(long, default_value = "", help_heading = "Controllers")]
-    pub cluster_cidr: String,
-
-    /// Program pod-CIDR routes in the cloud (when the provider supports routes).
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, help_heading = "Controllers")]
-    pub configure_cloud_routes: bool,
-
-    /// Node IPAM is not part of ccm-rs; must stay false (run IPAM in kube-controller-manager).
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, help_heading = "Controllers")]
-    pub allocate_node_cidrs: bool,
-
-    /// Accepted for compatibility (IPAM is not part of ccm-rs).
-    #[arg(long, default_value = "RangeAllocator", help_heading = "Controllers")]
-    pub cidr_allocator_type: String,
-
-    /// Full route reconcile period in interval mode (watch-based routes gate off).
-    #[arg(long, default_value = "10s", help_heading = "Controllers")]
-    pub route_reconciliation_period: GoDuration,
-
-    /// Lifecycle controller period: Ready nodes are checked from the cache, NotReady ones in
-    /// one batched cloud call.
-    #[arg(long, default_value = "5s", help_heading = "Controllers")]
-    pub node_monitor_period: GoDuration,
-
-    /// Period of the batched node address refresh.
-    #[arg(long, default_value = "5m", help_heading = "Controllers")]
-    pub node_status_update_frequency: GoDuration,
-
-    /// Node initialization workers. ccm-rs: 10 (upstream: 1); each handles a batch of nodes.
-    #[arg(long, default_value_t = 10, help_heading = "Controllers")]
-    pub concurrent_node_syncs: u32,
-
-    /// Address-refresh workers; 0 = use --concurrent-node-syncs.
-    #[arg(long, default_value_t = 0, help_heading = "Controllers")]
-    pub concurrent_node_status_updates: u32,
-
-    /// Service workers. ccm-rs: 100 (upstream: 1); never two operations on one Service at once;
-    /// put the cloud's rate limit in --cloud-api-qps, not here.
-    #[arg(long, default_value_t = 100, help_heading = "Controllers")]
-    pub concurrent_service_syncs: u32,
-
-    /// ccm-rs: how often NotReady Nodes are re-checked in the cloud when the provider pushes
-    /// instance events (without events, --node-monitor-period applies).
-    #[arg(long, default_value = "5m", help_heading = "Controllers")]
-    pub node_lifecycle_resync_period: GoDuration,
-
-    /// ccm-rs, watch-based routes: while the cloud throttles route calls, at most one route
-    /// sync per this interval (otherwise syncs run back to back, each batching all due routes).
-    #[arg(long, default_value = "1s", help_heading = "Controllers")]
-    pub route_min_sync_interval: GoDuration,
-
-    /// ccm-rs, watch-based routes: full reconcile after this long without one, to repair
-    /// routes changed in the cloud outside the cluster.
-    #[arg(long, default_value = "30m", help_heading = "Controllers")]
-    pub route_resync_period: GoDuration,
-
-    /// ccm-rs: period of the load-balancer drift check (GetLoadBalancer per Service,
-    /// re-ensure on drift); 0 disables it (upstream has none).
-    #[arg(long, default_value = "0", help_heading = "Controllers")]
-    pub service_drift_check_period: GoDuration,
-
-    /// Accepted for compatibility; caches never resync (they are event-driven).
-    #[arg(long, default_value = "12h", help_heading = "Controllers")]
-    pub min_resync_period: GoDuration,
-
-    /// Feature gates as `Name=true|false,...`. Known: CloudControllerManagerWatchBasedRoutesReconciliation
-    /// (ccm-rs default true), CloudControllerManagerWebhook, ControllerManagerReleaseLeaderElectionLockOnExit.
-    #[arg(long, value_delimiter = ',', help_heading = "Controllers")]
-    pub feature_gates: Vec<String>,
-
-    // ---- Leader election
     /// Run leader election so that only one replica acts at a time.
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, help_heading = "Leader election")]
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, help_heading = "Generic flags")]
     pub leader_elect: bool,
 
     /// How long a lease is valid after the leader last renewed it.
-    #[arg(long, default_value = "15s", help_heading = "Leader election")]
+    #[arg(long, default_value = "15s", help_heading = "Generic flags")]
     pub leader_elect_lease_duration: GoDuration,
 
     /// How long the leader retries renewing before it steps down.
-    #[arg(long, default_value = "10s", help_heading = "Leader election")]
+    #[arg(long, default_value = "10s", help_heading = "Generic flags")]
     pub leader_elect_renew_deadline: GoDuration,
 
     /// How often candidates retry and the leader renews.
-    #[arg(long, default_value = "2s", help_heading = "Leader election")]
+    #[arg(long, default_value = "2s", help_heading = "Generic flags")]
     pub leader_elect_retry_period: GoDuration,
 
     /// The lock kind; only `leases` is supported (as upstream).
-    #[arg(long, default_value = "leases", help_heading = "Leader election")]
+    #[arg(long, default_value = "leases", help_heading = "Generic flags")]
     pub leader_elect_resource_lock: String,
 
     /// Lease name.
     #[arg(
         long,
         default_value = "cloud-controller-manager",
-        help_heading = "Leader election"
+        help_heading = "Generic flags"
     )]
     pub leader_elect_resource_name: String,
 
     /// Lease namespace.
-    #[arg(long, default_value = "kube-system", help_heading = "Leader election")]
+    #[arg(long, default_value = "kube-system", help_heading = "Generic flags")]
     pub leader_elect_resource_namespace: String,
 
-    // ---- Serving
-    /// Address for /healthz, /readyz, /livez and /metrics.
-    #[arg(long, default_value = "0.0.0.0", help_heading = "Serving")]
-    pub bind_address: IpAddr,
+    /// Feature gates as `Name=true|false,...`. Known: CloudControllerManagerWatchBasedRoutesReconciliation
+    /// (ccm-rs default true), CloudControllerManagerWebhook, ControllerManagerReleaseLeaderElectionLockOnExit;
+    /// upstream's logging and metrics gates are accepted without effect.
+    #[arg(long, value_delimiter = ',', help_heading = "Generic flags")]
+    pub feature_gates: Vec<String>,
 
-    /// Port for /healthz, /readyz, /livez and /metrics; 0 disables serving.
-    #[arg(long, default_value_t = 10258, help_heading = "Serving")]
-    pub secure_port: u16,
+    // ---- Cloud-node-controller flags
+    /// Node initialization workers. ccm-rs: 10 (upstream: 1); each handles a batch of nodes.
+    #[arg(
+        long,
+        default_value_t = 10,
+        help_heading = "Cloud-node-controller flags"
+    )]
+    pub concurrent_node_syncs: u32,
 
-    /// TLS certificate (PEM). Without a certificate and key, ccm-rs serves plain HTTP and warns.
-    #[arg(long, help_heading = "Serving")]
-    pub tls_cert_file: Option<PathBuf>,
+    /// Address-refresh workers; 0 = use --concurrent-node-syncs.
+    #[arg(
+        long,
+        default_value_t = 0,
+        help_heading = "Cloud-node-controller flags"
+    )]
+    pub concurrent_node_status_updates: u32,
 
-    /// TLS private key (PEM) for --tls-cert-file.
-    #[arg(long, help_heading = "Serving")]
-    pub tls_private_key_file: Option<PathBuf>,
+    // ---- Service-lb-controller flags
+    /// Service workers. ccm-rs: 100 (upstream: 1); never two operations on one Service at once;
+    /// put the cloud's rate limit in --cloud-api-qps, not here.
+    #[arg(
+        long,
+        default_value_t = 100,
+        help_heading = "Service-lb-controller flags"
+    )]
+    pub concurrent_service_syncs: u32,
 
-    /// Accepted for compatibility; ccm-rs serves no profiling endpoints.
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, help_heading = "Serving")]
-    pub profiling: bool,
+    // ---- Webhook flags / Webhook serving flags
+    /// Webhooks to enable (`*`, `name`, `-name`). ccm-rs hosts no webhooks (upstream's CCM
+    /// library registers none either): `*` or empty is accepted, any name is an error as upstream.
+    #[arg(long, value_delimiter = ',', help_heading = "Webhook flags")]
+    pub webhooks: Vec<String>,
 
-    // ---- Logging
+    /// Upstream (some versions): validating webhook configuration file. Accepted, no effect.
+    #[arg(long, help_heading = "Webhook flags")]
+    pub validation_webhook_config_file: Option<String>,
+
+    /// Address for --webhook-secure-port. Accepted, no effect: ccm-rs serves no webhooks.
+    #[arg(long, help_heading = "Webhook serving flags")]
+    pub webhook_bind_address: Option<IpAddr>,
+
+    /// Port for webhooks (upstream default 10260). Accepted, no effect: ccm-rs serves no webhooks.
+    #[arg(long, help_heading = "Webhook serving flags")]
+    pub webhook_secure_port: Option<u16>,
+
+    /// Certificate directory for webhook serving. Accepted, no effect.
+    #[arg(long, help_heading = "Webhook serving flags")]
+    pub webhook_cert_dir: Option<String>,
+
+    /// Webhook serving certificate. Accepted, no effect.
+    #[arg(long, help_heading = "Webhook serving flags")]
+    pub webhook_tls_cert_file: Option<String>,
+
+    /// Webhook serving key. Accepted, no effect.
+    #[arg(long, help_heading = "Webhook serving flags")]
+    pub webhook_tls_private_key_file: Option<String>,
+
+    /// Upstream (some versions): CA of the webhook serving certificate. Accepted, no effect.
+    #[arg(long, help_heading = "Webhook serving flags")]
+    pub webhook_ca_cert_file: Option<String>,
+
+    // ---- Secure serving, authentication, authorization
+    /// Secure serving flags.
+    #[command(flatten)]
+    pub serving: crate::serving_options::SecureServingOptions,
+
+    /// Authentication flags.
+    #[command(flatten)]
+    pub authn: crate::serving_options::AuthenticationOptions,
+
+    /// Authorization flags.
+    #[command(flatten)]
+    pub authz: crate::serving_options::AuthorizationOptions,
+
+    // ---- Misc flags
+    /// The API server address; overrides the kubeconfig's server.
+    #[arg(long, help_heading = "Misc flags")]
+    pub master: Option<String>,
+
+    /// Path to a kubeconfig; in-cluster config when omitted.
+    #[arg(long, help_heading = "Misc flags")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Period of the batched node address refresh.
+    #[arg(long, default_value = "5m", help_heading = "Misc flags")]
+    pub node_status_update_frequency: GoDuration,
+
+    // ---- Global flags (logging, version)
     /// Log verbosity, klog-style: 0-1 info, 2-3 debug, 4+ trace.
     #[arg(
         short = 'v',
         long = "v",
         default_value_t = 2,
         overrides_with = "verbosity",
-        help_heading = "Logging"
+        help_heading = "Global flags"
     )]
     pub verbosity: u8,
 
-    /// Log line format.
+    /// Log line format: text or json.
     #[arg(
         long,
         alias = "logging-format",
         value_enum,
         default_value = "text",
-        help_heading = "Logging"
+        help_heading = "Global flags"
     )]
     pub log_format: LogFormat,
+
+    /// Per-file verbosity (klog). Accepted, no effect: use RUST_LOG=module=level instead.
+    #[arg(long, help_heading = "Global flags")]
+    pub vmodule: Option<String>,
+
+    /// Maximum time between log flushes. Accepted, no effect: ccm-rs writes log lines unbuffered.
+    #[arg(long, help_heading = "Global flags")]
+    pub log_flush_frequency: Option<GoDuration>,
+
+    /// JSON format: info messages to stdout, errors to stderr. Accepted, no effect (all to stderr).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, help_heading = "Global flags")]
+    pub log_json_split_stream: Option<bool>,
+
+    /// JSON format: info buffer size with split streams. Accepted, no effect.
+    #[arg(long, help_heading = "Global flags")]
+    pub log_json_info_buffer_size: Option<String>,
+
+    /// Text format: info messages to stdout, errors to stderr. Accepted, no effect (all to stderr).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, help_heading = "Global flags")]
+    pub log_text_split_stream: Option<bool>,
+
+    /// Text format: info buffer size with split streams. Accepted, no effect.
+    #[arg(long, help_heading = "Global flags")]
+    pub log_text_info_buffer_size: Option<String>,
+
+    /// Print version information and quit (`--version`, `--version=raw` as upstream).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", help_heading = "Global flags")]
+    pub version: Option<String>,
+
+    // ---- ccm-rs flags
+    /// Client-side limit for cloud API calls per second (0 = unlimited).
+    #[arg(long, default_value_t = 0.0, help_heading = "ccm-rs flags")]
+    pub cloud_api_qps: f64,
+
+    /// Burst for `--cloud-api-qps`.
+    #[arg(long, default_value_t = 20, help_heading = "ccm-rs flags")]
+    pub cloud_api_burst: u32,
+
+    /// How often NotReady Nodes are re-checked in the cloud when the provider pushes instance
+    /// events (without events, --node-monitor-period applies).
+    #[arg(long, default_value = "5m", help_heading = "ccm-rs flags")]
+    pub node_lifecycle_resync_period: GoDuration,
+
+    /// Watch-based routes: while the cloud throttles route calls, at most one route sync per
+    /// this interval (otherwise syncs run back to back, each batching all due routes).
+    #[arg(long, default_value = "1s", help_heading = "ccm-rs flags")]
+    pub route_min_sync_interval: GoDuration,
+
+    /// Watch-based routes: full reconcile after this long without one, to repair routes
+    /// changed in the cloud outside the cluster.
+    #[arg(long, default_value = "30m", help_heading = "ccm-rs flags")]
+    pub route_resync_period: GoDuration,
+
+    /// Period of the load-balancer drift check (GetLoadBalancer per Service, re-ensure on
+    /// drift); 0 disables it (upstream has none).
+    #[arg(long, default_value = "0", help_heading = "ccm-rs flags")]
+    pub service_drift_check_period: GoDuration,
 }
 
 /// A controller selection resolved from `--controllers`.
@@ -390,7 +515,203 @@ pub struct Validated {
     pub cluster_cidrs: Vec<ipnet::IpNet>,
 }
 
+/// The minimum TLS version from `--tls-min-version` (Go names). `None` when invalid.
+pub fn tls_min_version(v: Option<&str>) -> Option<TlsMin> {
+    match v.map(str::trim) {
+        None | Some("") => Some(TlsMin::Tls12),
+        Some("VersionTLS10" | "VersionTLS11" | "VersionTLS12") => Some(TlsMin::Tls12),
+        Some("VersionTLS13") => Some(TlsMin::Tls13),
+        Some(_) => None,
+    }
+}
+
+/// The lowest TLS version the server accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMin {
+    /// TLS 1.2 and 1.3.
+    Tls12,
+    /// TLS 1.3 only.
+    Tls13,
+}
+
 impl RunOptions {
+    fn validate_serving(&self, errs: &mut Vec<String>) {
+        let s = &self.serving;
+        if s.tls_cert_file.is_some() != s.tls_private_key_file.is_some() {
+            errs.push(
+                "--tls-cert-file and --tls-private-key-file must be given together".to_string(),
+            );
+        }
+        if tls_min_version(s.tls_min_version.as_deref()).is_none() {
+            errs.push(format!(
+                "--tls-min-version={:?}: use VersionTLS12 or VersionTLS13",
+                s.tls_min_version.as_deref().unwrap_or_default()
+            ));
+        }
+        if let Some(port) = self.webhook_secure_port
+            && port != 0
+            && port == s.secure_port
+        {
+            errs.push("--webhook-secure-port cannot be the same value as --secure-port".into());
+        }
+        for p in &self.authz.authorization_always_allow_paths {
+            let p = p.trim();
+            if p.contains('*') && !p.ends_with('*') {
+                errs.push(format!(
+                    "--authorization-always-allow-paths: {p:?}: only a trailing * (prefix match) is allowed"
+                ));
+            }
+        }
+    }
+
+    /// One line per flag given that ccm-rs accepts without acting on it (or only partly),
+    /// saying why; printed at startup so an operator never mistakes "accepted" for "done".
+    pub fn notices(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut inert = |given: bool, flag: &str, why: &str| {
+            if given {
+                out.push(format!("{flag} has no effect in ccm-rs: {why}"));
+            }
+        };
+        inert(
+            self.contention_profiling.is_some(),
+            "--contention-profiling",
+            "there is no Go profiler to serve",
+        );
+        inert(
+            self.enable_leader_migration == Some(true),
+            "--enable-leader-migration",
+            "leader migration is not implemented; all enabled controllers run under the main lease",
+        );
+        inert(
+            self.leader_migration_config.is_some(),
+            "--leader-migration-config",
+            "leader migration is not implemented",
+        );
+        inert(
+            self.external_cloud_volume_plugin.is_some(),
+            "--external-cloud-volume-plugin",
+            "ccm-rs runs no volume controllers",
+        );
+        inert(
+            self.node_sync_period.is_some(),
+            "--node-sync-period",
+            "deprecated upstream, a no-op there too",
+        );
+        let webhook_flags = [
+            (!self.webhooks.is_empty(), "--webhooks"),
+            (
+                self.validation_webhook_config_file.is_some(),
+                "--validation-webhook-config-file",
+            ),
+            (
+                self.webhook_bind_address.is_some(),
+                "--webhook-bind-address",
+            ),
+            (self.webhook_secure_port.is_some(), "--webhook-secure-port"),
+            (self.webhook_cert_dir.is_some(), "--webhook-cert-dir"),
+            (
+                self.webhook_tls_cert_file.is_some(),
+                "--webhook-tls-cert-file",
+            ),
+            (
+                self.webhook_tls_private_key_file.is_some(),
+                "--webhook-tls-private-key-file",
+            ),
+            (
+                self.webhook_ca_cert_file.is_some(),
+                "--webhook-ca-cert-file",
+            ),
+        ];
+        for (given, flag) in webhook_flags {
+            inert(
+                given,
+                flag,
+                "ccm-rs hosts no webhooks, so no webhook server is started",
+            );
+        }
+        let s = &self.serving;
+        inert(
+            !s.tls_cipher_suites.is_empty(),
+            "--tls-cipher-suites",
+            "rustls offers only modern AEAD suites and always uses its own list",
+        );
+        inert(
+            !s.tls_sni_cert_key.is_empty(),
+            "--tls-sni-cert-key",
+            "one serving certificate answers every server name",
+        );
+        let a = &self.authn;
+        let front_proxy = !a.requestheader_username_headers.is_empty()
+            || !a.requestheader_uid_headers.is_empty()
+            || !a.requestheader_group_headers.is_empty()
+            || !a.requestheader_extra_headers_prefix.is_empty()
+            || a.requestheader_client_ca_file.is_some()
+            || !a.requestheader_allowed_names.is_empty();
+        inert(
+            front_proxy,
+            "--requestheader-*",
+            "front-proxy authentication is not implemented; use bearer tokens or --client-ca-file",
+        );
+        inert(
+            self.vmodule.is_some(),
+            "--vmodule",
+            "use RUST_LOG=<module>=<level> for per-module verbosity",
+        );
+        inert(
+            self.log_flush_frequency.is_some(),
+            "--log-flush-frequency",
+            "log lines are written unbuffered",
+        );
+        for (given, flag) in [
+            (
+                self.log_json_split_stream.is_some(),
+                "--log-json-split-stream",
+            ),
+            (
+                self.log_json_info_buffer_size.is_some(),
+                "--log-json-info-buffer-size",
+            ),
+            (
+                self.log_text_split_stream.is_some(),
+                "--log-text-split-stream",
+            ),
+            (
+                self.log_text_info_buffer_size.is_some(),
+                "--log-text-info-buffer-size",
+            ),
+        ] {
+            inert(given, flag, "all log lines go to stderr, unbuffered");
+        }
+        inert(
+            self.cidr_allocator_type != "RangeAllocator",
+            "--cidr-allocator-type",
+            "node IPAM is not part of ccm-rs",
+        );
+        inert(
+            self.min_resync_period.0 != Duration::from_secs(12 * 3600),
+            "--min-resync-period",
+            "caches are event-driven and never resync",
+        );
+        inert(
+            self.kube_api_content_type != "application/json",
+            "--kube-api-content-type",
+            "kube-rs speaks JSON",
+        );
+        for gate in &self.feature_gates {
+            let name = gate
+                .split_once('=')
+                .map_or(gate.as_str(), |(k, _)| k)
+                .trim();
+            inert(
+                INERT_FEATURE_GATES.contains(&name),
+                &format!("--feature-gates={name}"),
+                "the gate governs Go logging, metrics or apiserver code that ccm-rs does not have",
+            );
+        }
+        out
+    }
+
     /// Checks everything that can be checked without a cluster, collecting every problem.
     pub fn validate(self) -> Result<Validated, OptionsError> {
         let mut errs = Vec::new();
@@ -422,10 +743,15 @@ impl RunOptions {
                 errs.push(format!("--leader-elect-retry-period ({}) must be positive and less than --leader-elect-renew-deadline ({})", GoDuration(rp), GoDuration(rd)));
             }
         }
-        if self.tls_cert_file.is_some() != self.tls_private_key_file.is_some() {
-            errs.push(
-                "--tls-cert-file and --tls-private-key-file must be given together".to_string(),
-            );
+        self.validate_serving(&mut errs);
+        for w in &self.webhooks {
+            let w = w.trim();
+            if !w.is_empty() && w != "*" {
+                errs.push(format!(
+                    "--webhooks: {:?} is not in the list of known webhooks (ccm-rs hosts none; leave --webhooks empty or \"*\")",
+                    w.trim_start_matches('-')
+                ));
+            }
         }
         if self.concurrent_node_syncs == 0 {
             errs.push("--concurrent-node-syncs must be at least 1".to_string());
@@ -486,6 +812,8 @@ impl RunOptions {
             };
             if gates.contains_key(k) {
                 gates.insert(k.to_string(), value);
+            } else if INERT_FEATURE_GATES.contains(&k) {
+                // Upstream's logging/metrics/apiserver gates: accepted, see notices().
             } else {
                 let hint = ccm_cloud::nearest(k, FEATURE_GATES.iter().map(|(n, _)| *n))
                     .map(|n| format!(" (did you mean {n:?}?)"))

@@ -128,6 +128,9 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Exit> {
     let o = &v.options;
+    for notice in o.notices() {
+        tracing::warn!("{notice}");
+    }
     if o.allow_untagged_cloud {
         tracing::warn!("--allow-untagged-cloud is deprecated and has no effect in ccm-rs");
     }
@@ -143,12 +146,13 @@ pub async fn run(
     let admin = build_client(base.clone(), USER_AGENT_BASE, &limit)?;
 
     let serve_shutdown = shutdown.child_token();
-    if o.secure_port != 0 {
-        let addr = std::net::SocketAddr::new(o.bind_address, o.secure_port);
+    if o.serving.secure_port != 0 {
+        let addr = std::net::SocketAddr::new(o.serving.bind_address, o.serving.secure_port);
         let tls = o
+            .serving
             .tls_cert_file
             .as_deref()
-            .zip(o.tls_private_key_file.as_deref());
+            .zip(o.serving.tls_private_key_file.as_deref());
         let local = crate::serve::serve(
             addr,
             tls,
@@ -371,6 +375,7 @@ async fn start_controllers(
     }
 
     // cloud-node-lifecycle
+    start_pause(o, tasks.len()).await;
     let name = "cloud-node-lifecycle-controller";
     if v.controllers.enabled(name) {
         let client = client_for("node-controller", "cloud-node-lifecycle-controller").await?;
@@ -393,6 +398,7 @@ async fn start_controllers(
     }
 
     // route
+    start_pause(o, tasks.len()).await;
     let name = "node-route-controller";
     if v.controllers.enabled(name) {
         let client = client_for("route-controller", "node-route-controller").await?;
@@ -428,6 +434,7 @@ async fn start_controllers(
     }
 
     // service
+    start_pause(o, tasks.len()).await;
     let name = "service-lb-controller";
     if v.controllers.enabled(name) {
         let client = client_for("service-controller", "service-lb-controller").await?;
@@ -465,6 +472,16 @@ async fn start_controllers(
     }
     rt.handles.send_replace(Some(handles));
     Ok(tasks)
+}
+
+/// `--controller-start-interval`: upstream sleeps a jittered interval (up to 2x) after each
+/// started controller.
+async fn start_pause(o: &crate::options::RunOptions, started: usize) {
+    let base = o.controller_start_interval.0;
+    if started > 0 && !base.is_zero() {
+        let factor = 1.0 + rand::random::<f64>();
+        tokio::time::sleep(base.mul_f64(factor)).await;
+    }
 }
 
 fn hostname() -> String {

@@ -1,6 +1,6 @@
-//! Logging: klog-style `-v` levels mapped to tracing levels, text or JSON lines.
+//! Logging: klog-style `-v` levels mapped to tracing levels, text or JSON lines on stderr.
 
-use ccm_manager::options::LogFormat;
+use crate::options::LogFormat;
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber. `RUST_LOG`, when set, overrides `-v`.
@@ -26,7 +26,7 @@ pub fn init(verbosity: u8, format: LogFormat) {
     };
 }
 
-/// Errors only, for subcommands that draw their own progress output (demo, bench): the clients
+/// Errors only, for commands that draw their own progress output (demo, bench): the clients
 /// they use to play kubelets and users log reconnects that mean nothing to the reader.
 pub fn quiet() {
     let filter = EnvFilter::try_from_default_env()
