@@ -110,8 +110,12 @@ pub struct BmcConfig {
     pub system: Option<String>,
     /// User name for HTTP basic auth.
     pub username: Option<String>,
-    /// File holding the password (e.g. a mounted Secret key); read at every reload, never logged.
+    /// File holding the password (e.g. a mounted Secret key); read at each request, never
+    /// logged.
     pub password_file: Option<PathBuf>,
+    /// `namespace/name` of a Secret with keys `password` and (optionally) `username`; read
+    /// through the API at each request. Needs `get` on that Secret.
+    pub credentials_secret: Option<String>,
 }
 
 /// `[[pools]]`: an address pool for LoadBalancer Services.
@@ -388,6 +392,23 @@ fn check_bmc(i: usize, bmc: &BmcConfig) -> Result<(), ConfigError> {
     if let Some(ca) = &bmc.ca_file {
         crate::tls::client_config(Some(ca), false)
             .map_err(|e| ConfigError::field(format!("machines[{i}].bmc.ca_file"), e))?;
+    }
+    if let Some(secret) = &bmc.credentials_secret {
+        let ok = secret
+            .split_once('/')
+            .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'));
+        if !ok {
+            return Err(ConfigError::field(
+                format!("machines[{i}].bmc.credentials_secret"),
+                format!("\"namespace/name\" of a Secret; got {secret:?}"),
+            ));
+        }
+        if bmc.password_file.is_some() {
+            return Err(ConfigError::field(
+                format!("machines[{i}].bmc.credentials_secret"),
+                "either credentials_secret or password_file, not both",
+            ));
+        }
     }
     if bmc.password_file.is_some() && bmc.username.is_none() {
         return Err(ConfigError::field(
