@@ -408,6 +408,27 @@ fn demo_break_scenarios_are_what_doctor_reports() {
             failing.len(),
             "{scenario}: unexpected failures {failed:?}"
         );
+        if scenario == "ccm-down" {
+            // The demo's API server is plain HTTP: pointed there, doctor must not send the
+            // kubeconfig's token, so kube-sim's /metrics answers 401.
+            let kc = std::fs::read_to_string(&kubeconfig).expect("kubeconfig");
+            let server = kc
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("server: "))
+                .expect("server line");
+            assert!(server.starts_with("http://"), "{server}");
+            let out = doctor(
+                &kubeconfig,
+                &["-o", "json", &format!("--metrics-url={server}/metrics")],
+            );
+            let (_, f) = findings(&out);
+            assert_eq!(f["route-syncs"]["verdict"], "warn");
+            assert!(
+                text(&f["route-syncs"]).contains("HTTP 401"),
+                "{:#}",
+                f["route-syncs"]
+            );
+        }
         if scenario == "kubelet-not-external" {
             // The demo's CCM really runs: its pod and Lease line up.
             assert_eq!(f["ccm-pods"]["verdict"], "ok", "{:#}", f["ccm-pods"]);
