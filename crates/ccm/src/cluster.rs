@@ -79,9 +79,14 @@ pub struct ClusterState {
 }
 
 impl SimCluster {
-    /// Starts kube-sim and an empty cloud.
+    /// Starts kube-sim (over HTTPS, as every real API server serves: kubectl sends the
+    /// kubeconfig's bearer token only over TLS) and an empty cloud.
     pub async fn start(cloud: SimCloud) -> anyhow::Result<Self> {
-        let kube = KubeSim::start(ccm_kube_sim::Config::default())
+        let config = ccm_kube_sim::Config {
+            tls: true,
+            ..ccm_kube_sim::Config::default()
+        };
+        let kube = KubeSim::start(config)
             .await
             .context("starting the in-memory API server")?;
         let dir = std::env::temp_dir().join(format!(

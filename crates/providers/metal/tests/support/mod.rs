@@ -279,9 +279,15 @@ impl Ccm {
 
 /// kube-sim with a kubeconfig on disk.
 pub async fn kube_sim(dir: &Path) -> (KubeSim, PathBuf, kube::Client) {
-    let sim = KubeSim::start(ccm_kube_sim::Config::default())
-        .await
-        .expect("kube-sim");
+    kube_sim_with(dir, ccm_kube_sim::Config::default()).await
+}
+
+/// As [`kube_sim`] with a custom config (e.g. dual-stack Service CIDRs).
+pub async fn kube_sim_with(
+    dir: &Path,
+    config: ccm_kube_sim::Config,
+) -> (KubeSim, PathBuf, kube::Client) {
+    let sim = KubeSim::start(config).await.expect("kube-sim");
     let kubeconfig = dir.join("kubeconfig");
     sim.write_kubeconfig(&kubeconfig).expect("kubeconfig");
     let client = sim.client().expect("client");
