@@ -276,6 +276,24 @@ async fn doctor_diagnoses_a_broken_cluster_read_only_then_passes_as_a_kubectl_pl
         sim.requests()
     );
 
+    // A plain-HTTP metrics URL gets no credentials: a second kube-sim over HTTP, accepting the
+    // same token, answers 401 because doctor sent none.
+    let plain = KubeSim::start(Config::default())
+        .await
+        .expect("plain kube-sim");
+    let kc = kubeconfig.clone();
+    let url = format!("--metrics-url={}/metrics", plain.url());
+    let out = tokio::task::spawn_blocking(move || doctor(&kc, &["-o", "json", &url]))
+        .await
+        .expect("join");
+    let (_, f) = findings(&out);
+    assert_eq!(f["route-syncs"]["verdict"], "warn");
+    assert!(
+        text(&f["route-syncs"]).contains("HTTP 401"),
+        "{:#}",
+        f["route-syncs"]
+    );
+
     repair(&client, sim.addr().port()).await;
     let bin_dir = dir.join("bin");
     std::fs::create_dir_all(&bin_dir).expect("bin dir");
@@ -408,27 +426,6 @@ fn demo_break_scenarios_are_what_doctor_reports() {
             failing.len(),
             "{scenario}: unexpected failures {failed:?}"
         );
-        if scenario == "ccm-down" {
-            // The demo's API server is plain HTTP: pointed there, doctor must not send the
-            // kubeconfig's token, so kube-sim's /metrics answers 401.
-            let kc = std::fs::read_to_string(&kubeconfig).expect("kubeconfig");
-            let server = kc
-                .lines()
-                .find_map(|l| l.trim().strip_prefix("server: "))
-                .expect("server line");
-            assert!(server.starts_with("http://"), "{server}");
-            let out = doctor(
-                &kubeconfig,
-                &["-o", "json", &format!("--metrics-url={server}/metrics")],
-            );
-            let (_, f) = findings(&out);
-            assert_eq!(f["route-syncs"]["verdict"], "warn");
-            assert!(
-                text(&f["route-syncs"]).contains("HTTP 401"),
-                "{:#}",
-                f["route-syncs"]
-            );
-        }
         if scenario == "kubelet-not-external" {
             // The demo's CCM really runs: its pod and Lease line up.
             assert_eq!(f["ccm-pods"]["verdict"], "ok", "{:#}", f["ccm-pods"]);
