@@ -19,6 +19,8 @@ mod error;
 mod instances;
 mod lb;
 mod metrics;
+#[cfg(test)]
+mod mocked;
 mod nlb;
 mod providerid;
 mod routes;
