@@ -104,19 +104,6 @@ impl AwsCloud {
         Self::build(cfg, Some(sdk))
     }
 
-    /// A provider on ready-made clients (unit tests with mocked AWS answers).
-    #[cfg(test)]
-    pub(crate) fn with_clients(cfg: AwsConfig, clients: Clients) -> Self {
-        let cloud = Self::build(cfg, None);
-        let inner = Arc::into_inner(cloud.inner).expect("sole owner");
-        AwsCloud {
-            inner: Arc::new(Inner {
-                clients: OnceCell::new_with(Some(clients)),
-                ..inner
-            }),
-        }
-    }
-
     fn build(cfg: AwsConfig, sdk: Option<SdkConfig>) -> Self {
         AwsCloud {
             inner: Arc::new(Inner {

@@ -22,7 +22,7 @@ use serde::Deserialize;
 
 /// The parsed cloud-config. Every field is optional: with none, the SDK's default chain decides
 /// region and credentials and `--cluster-name` is the cluster tag.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AwsConfig {
     /// The region; default: the SDK chain.
@@ -46,6 +46,21 @@ pub struct AwsConfig {
 
 fn default_families() -> Vec<IpFamily> {
     vec![IpFamily::Ipv4]
+}
+
+/// The same as an empty cloud-config: IPv4 node addresses, everything else from the SDK chain.
+impl Default for AwsConfig {
+    fn default() -> Self {
+        AwsConfig {
+            region: None,
+            kubernetes_cluster_id: None,
+            vpc: None,
+            role_arn: None,
+            route_table_id: Vec::new(),
+            node_ip_families: default_families(),
+            service_override: Vec::new(),
+        }
+    }
 }
 
 /// An address family for node addresses.
@@ -87,10 +102,7 @@ impl AwsConfig {
     pub fn from_cloud_config(cfg: Option<&CloudConfig>) -> Result<Self, ConfigError> {
         let parsed: AwsConfig = match cfg {
             Some(c) => c.parse_toml()?,
-            None => AwsConfig {
-                node_ip_families: default_families(),
-                ..Default::default()
-            },
+            None => AwsConfig::default(),
         };
         parsed.validate()?;
         Ok(parsed)

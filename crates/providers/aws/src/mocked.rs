@@ -1,53 +1,299 @@
 //! What moto cannot show: pagination (moto ignores `MaxResults` and never sends a
 //! `NextToken`) and how AWS error codes coming back through the SDK — with its retries — reach
-//! the controllers. EC2 is played by aws-smithy-mocks rules that answer like EC2 does: pages of
-//! at most `PAGE` instances, `InvalidInstanceID.NotFound` for the whole call when one id is
-//! unknown, `RequestLimitExceeded` when told to throttle.
+//! the controllers. EC2 is played by a small fake behind the SDK's HTTP client trait that
+//! answers the EC2 Query protocol as EC2 does: pages of at most [`PAGE`] items with a
+//! `nextToken`, `InvalidInstanceID.NotFound` (HTTP 400) for the whole call when one id is
+//! unknown, HTTP 503 `RequestLimitExceeded` when told to throttle. The SDK parses every answer
+//! (XML, error codes, retry classification) exactly as it parses EC2's.
+//!
+//! Not aws-smithy-mocks: it needs `aws-smithy-http-client/test-util`, which turns on
+//! `serde_json/preserve_order` for every crate of the workspace under `cargo test --workspace`.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use aws_config::retry::RetryConfig;
-use aws_config::{BehaviorVersion, Region};
-use aws_sdk_ec2::config::Credentials;
-use aws_sdk_ec2::error::ErrorMetadata;
-use aws_sdk_ec2::operation::describe_instances::{
-    DescribeInstancesError, DescribeInstancesInput, DescribeInstancesOutput,
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_sdk_ec2::config::{Credentials, SharedCredentialsProvider};
+use aws_smithy_runtime_api::client::http::{
+    HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient,
+    SharedHttpConnector,
 };
-use aws_sdk_ec2::operation::describe_route_tables::DescribeRouteTablesOutput;
-use aws_sdk_ec2::types::{
-    Instance, InstanceState, InstanceStateName, InstanceType, Placement, Reservation, Route,
-    RouteState, RouteTable,
-};
-use aws_smithy_mocks::{MockResponse, MockResponseInterceptor, Rule, RuleMode, mock};
+use aws_smithy_runtime_api::client::orchestrator::{HttpRequest, HttpResponse};
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_types::body::SdkBody;
 use ccm_cloud::{CloudError, Instances, Node, Routes};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use parking_lot::Mutex;
 
-use crate::cloud::{AwsCloud, Clients};
+use crate::cloud::AwsCloud;
 use crate::config::AwsConfig;
 
-/// Instances per page in the fake EC2 (real EC2 pages by `MaxResults`, up to 1,000).
+/// Items per page in the fake (real EC2 pages by `MaxResults`, up to 1,000).
 const PAGE: usize = 40;
 
-fn instance(n: usize, state: InstanceStateName) -> Instance {
-    Instance::builder()
-        .instance_id(format!("i-{n:017x}"))
-        .private_dns_name(dns(n))
-        .private_ip_address(format!("10.0.{}.{}", n / 250, n % 250 + 1))
-        .instance_type(InstanceType::M5Large)
-        .placement(
-            Placement::builder()
-                .availability_zone("us-east-1a")
-                .availability_zone_id("use1-az1")
-                .build(),
+/// One instance as the fake knows it.
+#[derive(Clone)]
+struct Inst {
+    n: usize,
+    state: &'static str,
+}
+
+impl Inst {
+    fn id(&self) -> String {
+        id(self.n)
+    }
+
+    fn xml(&self) -> String {
+        let code = match self.state {
+            "running" => 16,
+            "stopped" => 80,
+            _ => 48,
+        };
+        format!(
+            "<item><instanceId>{}</instanceId><privateDnsName>{}</privateDnsName>\
+             <privateIpAddress>10.0.{}.{}</privateIpAddress><instanceType>m5.large</instanceType>\
+             <placement><availabilityZone>us-east-1a</availabilityZone>\
+             <availabilityZoneId>use1-az1</availabilityZoneId></placement>\
+             <instanceState><code>{code}</code><name>{}</name></instanceState>\
+             <vpcId>vpc-1</vpcId></item>",
+            self.id(),
+            dns(self.n),
+            self.n / 250,
+            self.n % 250 + 1,
+            self.state
         )
-        .state(InstanceState::builder().name(state).build())
-        .vpc_id("vpc-1")
-        .build()
+    }
+}
+
+fn id(n: usize) -> String {
+    format!("i-{n:017x}")
 }
 
 fn dns(n: usize) -> String {
     format!("ip-10-0-{}-{}.ec2.internal", n / 250, n % 250 + 1)
+}
+
+/// A route table: id, and its routes (destination, target instance id or None: blackhole).
+type Table = (String, Vec<(String, Option<String>)>);
+
+/// The fake's state: the fleet, route tables, injected failures, calls per action.
+#[derive(Default)]
+struct State {
+    fleet: Vec<Inst>,
+    /// The route tables, in page order.
+    tables: Vec<Table>,
+    /// The next N calls answer 503 `RequestLimitExceeded`.
+    throttle_next: usize,
+    /// Every call answers this (HTTP status, code, message).
+    fail_with: Option<(u16, String, String)>,
+    calls: BTreeMap<String, usize>,
+}
+
+#[derive(Clone, Default)]
+struct FakeEc2(Arc<Mutex<State>>);
+
+impl std::fmt::Debug for FakeEc2 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FakeEc2")
+    }
+}
+
+/// `application/x-www-form-urlencoded` → key → value.
+fn form(body: &[u8]) -> HashMap<String, String> {
+    let decode = |s: &str| {
+        let s = s.replace('+', " ");
+        let mut out = Vec::new();
+        let b = s.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%'
+                && i + 2 < b.len()
+                && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+            {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+            out.push(b[i]);
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    String::from_utf8_lossy(body)
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (decode(k), decode(v)))
+        .collect()
+}
+
+/// Values of a Query-protocol list: `prefix.1`, `prefix.2`, ...
+fn list(f: &HashMap<String, String>, prefix: &str) -> Vec<String> {
+    (1..)
+        .map_while(|i| f.get(&format!("{prefix}.{i}")).cloned())
+        .collect()
+}
+
+fn error(status: u16, code: &str, message: &str) -> (u16, String) {
+    (
+        status,
+        format!(
+            "<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error>\
+             </Errors><RequestID>fake</RequestID></Response>"
+        ),
+    )
+}
+
+/// Items `start..start+PAGE` of `all`, and the token of the next page if any.
+fn page<T: Clone>(all: &[T], f: &HashMap<String, String>) -> (Vec<T>, String) {
+    let start: usize = f.get("NextToken").and_then(|t| t.parse().ok()).unwrap_or(0);
+    let end = (start + PAGE).min(all.len());
+    let token = if end < all.len() {
+        format!("<nextToken>{end}</nextToken>")
+    } else {
+        String::new()
+    };
+    (all[start.min(end)..end].to_vec(), token)
+}
+
+impl FakeEc2 {
+    fn answer(&self, f: &HashMap<String, String>) -> (u16, String) {
+        let action = f.get("Action").cloned().unwrap_or_default();
+        let mut s = self.0.lock();
+        *s.calls.entry(action.clone()).or_default() += 1;
+        if let Some((status, code, message)) = &s.fail_with {
+            return error(*status, code, message);
+        }
+        if s.throttle_next > 0 {
+            s.throttle_next -= 1;
+            return error(503, "RequestLimitExceeded", "Request limit exceeded.");
+        }
+        match action.as_str() {
+            "DescribeInstances" => describe_instances(&s, f),
+            "DescribeRouteTables" => describe_route_tables(&s, f),
+            other => error(400, "InvalidAction", &format!("the fake has no {other}")),
+        }
+    }
+
+    fn calls(&self, action: &str) -> usize {
+        self.0.lock().calls.get(action).copied().unwrap_or(0)
+    }
+}
+
+fn describe_instances(s: &State, f: &HashMap<String, String>) -> (u16, String) {
+    let ids = list(f, "InstanceId");
+    let matching: Vec<Inst> = if !ids.is_empty() {
+        let by_id: HashMap<String, &Inst> = s.fleet.iter().map(|x| (x.id(), x)).collect();
+        let unknown: Vec<&str> = ids
+            .iter()
+            .filter(|i| !by_id.contains_key(*i))
+            .map(String::as_str)
+            .collect();
+        if !unknown.is_empty() {
+            let msg = format!("The instance IDs '{}' do not exist", unknown.join(", "));
+            return error(400, "InvalidInstanceID.NotFound", &msg);
+        }
+        ids.iter().map(|i| by_id[i].clone()).collect()
+    } else {
+        let mut names = Vec::new();
+        for i in 1.. {
+            let Some(name) = f.get(&format!("Filter.{i}.Name")) else {
+                break;
+            };
+            if name == "private-dns-name" {
+                names.extend(list(f, &format!("Filter.{i}.Value")));
+            }
+        }
+        let names: std::collections::HashSet<String> = names.into_iter().collect();
+        s.fleet
+            .iter()
+            .filter(|x| names.contains(&dns(x.n)))
+            .cloned()
+            .collect()
+    };
+    let (items, token) = page(&matching, f);
+    let items: String = items.iter().map(Inst::xml).collect();
+    (
+        200,
+        format!(
+            "<DescribeInstancesResponse><requestId>fake</requestId><reservationSet><item>\
+             <reservationId>r-1</reservationId><instancesSet>{items}</instancesSet></item>\
+             </reservationSet>{token}</DescribeInstancesResponse>"
+        ),
+    )
+}
+
+fn describe_route_tables(s: &State, f: &HashMap<String, String>) -> (u16, String) {
+    let (tables, token) = page(&s.tables, f);
+    let items: String = tables
+        .iter()
+        .map(|(id, routes)| {
+            let routes: String = routes
+                .iter()
+                .map(|(cidr, target)| match target {
+                    Some(i) => format!(
+                        "<item><destinationCidrBlock>{cidr}</destinationCidrBlock>\
+                         <instanceId>{i}</instanceId><state>active</state></item>"
+                    ),
+                    None => format!(
+                        "<item><destinationCidrBlock>{cidr}</destinationCidrBlock>\
+                         <state>blackhole</state></item>"
+                    ),
+                })
+                .collect();
+            format!("<item><routeTableId>{id}</routeTableId><routeSet>{routes}</routeSet></item>")
+        })
+        .collect();
+    (
+        200,
+        format!(
+            "<DescribeRouteTablesResponse><requestId>fake</requestId>\
+             <routeTableSet>{items}</routeTableSet>{token}</DescribeRouteTablesResponse>"
+        ),
+    )
+}
+
+impl HttpConnector for FakeEc2 {
+    fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
+        let f = form(request.body().bytes().unwrap_or_default());
+        let (status, xml) = self.answer(&f);
+        let mut resp =
+            HttpResponse::new(status.try_into().expect("valid status"), SdkBody::from(xml));
+        resp.headers_mut().insert("content-type", "text/xml");
+        HttpConnectorFuture::ready(Ok(resp))
+    }
+}
+
+impl HttpClient for FakeEc2 {
+    fn http_connector(
+        &self,
+        _: &HttpConnectorSettings,
+        _: &RuntimeComponents,
+    ) -> SharedHttpConnector {
+        SharedHttpConnector::new(self.clone())
+    }
+}
+
+/// A provider talking to `fake`, with the SDK's standard retry (3 attempts) and millisecond
+/// backoff so throttling tests run fast.
+fn provider(fake: &FakeEc2) -> AwsCloud {
+    let sdk = SdkConfig::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
+            "test", "test", None, None, "fake",
+        )))
+        .http_client(SharedHttpClient::new(fake.clone()))
+        .retry_config(RetryConfig::standard().with_initial_backoff(Duration::from_millis(1)))
+        .build();
+    AwsCloud::with_sdk_config(AwsConfig::default(), sdk)
+}
+
+fn fleet(n: usize, state: impl Fn(usize) -> &'static str) -> FakeEc2 {
+    let fake = FakeEc2::default();
+    fake.0.lock().fleet = (0..n).map(|n| Inst { n, state: state(n) }).collect();
+    fake
 }
 
 fn node(name: &str, provider_id: Option<String>) -> Node {
@@ -64,90 +310,8 @@ fn node(name: &str, provider_id: Option<String>) -> Node {
     }
 }
 
-fn ec2_error(code: &str, message: &str) -> DescribeInstancesError {
-    DescribeInstancesError::generic(ErrorMetadata::builder().code(code).message(message).build())
-}
-
-/// A fake EC2 `DescribeInstances` over `fleet`: by ids (any unknown id fails the call, as EC2
-/// does) or by `private-dns-name` filter, `PAGE` instances per page with a `NextToken`.
-fn describe_instances(fleet: Arc<Vec<Instance>>) -> Rule {
-    mock!(aws_sdk_ec2::Client::describe_instances).then_compute_response(
-        move |req: &DescribeInstancesInput| {
-            let ids = req.instance_ids();
-            let matching: Vec<&Instance> = if !ids.is_empty() {
-                let unknown: Vec<&String> = ids
-                    .iter()
-                    .filter(|id| !fleet.iter().any(|i| i.instance_id() == Some(id.as_str())))
-                    .collect();
-                if !unknown.is_empty() {
-                    let list: Vec<&str> = unknown.iter().map(|s| s.as_str()).collect();
-                    return MockResponse::Error(ec2_error(
-                        "InvalidInstanceID.NotFound",
-                        &format!("The instance IDs '{}' do not exist", list.join(", ")),
-                    ));
-                }
-                fleet
-                    .iter()
-                    .filter(|i| ids.iter().any(|id| i.instance_id() == Some(id.as_str())))
-                    .collect()
-            } else {
-                let names: Vec<&String> = req
-                    .filters()
-                    .iter()
-                    .filter(|f| f.name() == Some("private-dns-name"))
-                    .flat_map(|f| f.values())
-                    .collect();
-                fleet
-                    .iter()
-                    .filter(|i| {
-                        names
-                            .iter()
-                            .any(|n| i.private_dns_name() == Some(n.as_str()))
-                    })
-                    .collect()
-            };
-            let start: usize = req.next_token().map_or(0, |t| t.parse().unwrap_or(0));
-            let end = (start + PAGE).min(matching.len());
-            let page: Vec<Instance> = matching[start..end].iter().map(|i| (*i).clone()).collect();
-            let out = DescribeInstancesOutput::builder()
-                .reservations(Reservation::builder().set_instances(Some(page)).build());
-            MockResponse::Output(if end < matching.len() {
-                out.next_token(end.to_string()).build()
-            } else {
-                out.build()
-            })
-        },
-    )
-}
-
-/// A provider whose EC2 client answers from `rules` (first match wins), with the SDK's
-/// standard retry (3 attempts) and millisecond backoff so throttling tests run fast.
-fn provider(rules: &[&Rule]) -> AwsCloud {
-    let mut mocks = MockResponseInterceptor::new().rule_mode(RuleMode::MatchAny);
-    for r in rules {
-        mocks = mocks.with_rule(r);
-    }
-    let ec2 = aws_sdk_ec2::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("test", "test", None, None, "mock"))
-        .http_client(aws_smithy_mocks::create_mock_http_client())
-        .retry_config(RetryConfig::standard().with_initial_backoff(Duration::from_millis(1)))
-        .interceptor(mocks)
-        .build();
-    let sdk = aws_config::SdkConfig::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .build();
-    AwsCloud::with_clients(
-        AwsConfig::default(),
-        Clients {
-            ec2: aws_sdk_ec2::Client::from_conf(ec2),
-            elb: aws_sdk_elasticloadbalancing::Client::new(&sdk),
-            elbv2: aws_sdk_elasticloadbalancingv2::Client::new(&sdk),
-            region: "us-east-1".into(),
-        },
-    )
+fn with_pid(n: usize) -> Node {
+    node(&dns(n), Some(format!("aws:///us-east-1a/{}", id(n))))
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -161,50 +325,34 @@ fn rt() -> tokio::runtime::Runtime {
 fn lookups_by_name_follow_next_token_and_split_names_by_150() {
     // 200 Nodes without providerID, no VPC known yet: two private-dns-name filters (150 + 50
     // names), and every page of each (4 + 2 pages of 40).
-    let fleet: Arc<Vec<Instance>> = Arc::new(
-        (0..200)
-            .map(|n| instance(n, InstanceStateName::Running))
-            .collect(),
-    );
-    let rule = describe_instances(fleet.clone());
-    let cloud = provider(&[&rule]);
+    let fake = fleet(200, |_| "running");
+    let cloud = provider(&fake);
     let nodes: Vec<Node> = (0..200).map(|n| node(&dns(n), None)).collect();
     let meta = rt().block_on(cloud.instances_metadata(&nodes));
     for (n, m) in meta.iter().enumerate() {
         let m = m.as_ref().expect("found").as_ref().expect("metadata");
+        assert_eq!(m.provider_id, format!("aws:///us-east-1a/{}", id(n)));
+        assert_eq!(m.instance_type, "m5.large");
         assert_eq!(
-            m.provider_id,
-            format!("aws:///us-east-1a/i-{n:017x}"),
-            "node {n}"
+            m.node_addresses[0].address,
+            format!("10.0.{}.{}", n / 250, n % 250 + 1)
         );
     }
-    assert_eq!(rule.num_calls(), 4 + 2);
+    assert_eq!(fake.calls("DescribeInstances"), 4 + 2);
 }
 
 #[test]
 fn lookups_by_id_page_and_drop_ids_ec2_does_not_know() {
-    // 1,200 Nodes with providerIDs, one of which EC2 no longer knows: two chunks (1,000 +
-    // 200 ids); the chunk with the unknown id costs one failed call, then its pages.
-    let fleet: Arc<Vec<Instance>> = Arc::new(
-        (0..1200)
-            .map(|n| {
-                let state = match n {
-                    7 => InstanceStateName::Stopped,
-                    8 => InstanceStateName::Terminated,
-                    _ => InstanceStateName::Running,
-                };
-                instance(n, state)
-            })
-            .collect(),
-    );
-    let rule = describe_instances(fleet.clone());
-    let cloud = provider(&[&rule]);
-    let mut nodes: Vec<Node> = (0..1200)
-        .map(|n| {
-            let pid = format!("aws:///us-east-1a/i-{n:017x}");
-            node(&dns(n), Some(pid))
-        })
-        .collect();
+    // 1,200 Nodes with providerIDs and one whose instance EC2 no longer knows: two chunks
+    // (1,000 + 201 ids, sorted, so the unknown id — it sorts last — is in chunk 2). Chunk 1 is
+    // 25 pages; chunk 2 one failed call, then 5 pages for the 200 ids left.
+    let fake = fleet(1200, |n| match n {
+        7 => "stopped",
+        8 => "terminated",
+        _ => "running",
+    });
+    let cloud = provider(&fake);
+    let mut nodes: Vec<Node> = (0..1200).map(with_pid).collect();
     nodes.push(node(
         "gone",
         Some("aws:///us-east-1a/i-0ffffffffffffffff".into()),
@@ -215,21 +363,17 @@ fn lookups_by_id_page_and_drop_ids_ec2_does_not_know() {
     assert!(s(7).exists && s(7).shutdown, "stopped → shutdown");
     assert!(!s(8).exists, "terminated → gone");
     assert!(!s(1200).exists, "unknown id → gone, not an error");
-    assert_eq!(status.iter().filter(|s| s.is_err()).count(), 0);
-    // Ids are looked up in sorted order, so the unknown id (it sorts last) is in chunk 2:
-    // chunk 1 is 25 pages, chunk 2 one failed call then 5 pages for the 200 ids left.
-    let pages = 1000usize.div_ceil(PAGE) + 200usize.div_ceil(PAGE);
-    assert_eq!(rule.num_calls(), pages + 1);
+    assert!(status.iter().all(Result::is_ok));
+    assert_eq!(fake.calls("DescribeInstances"), 25 + 1 + 5);
 }
 
 #[test]
 fn throttling_surfaces_as_throttled_after_the_sdks_three_attempts() {
-    let throttled = mock!(aws_sdk_ec2::Client::describe_instances)
-        .then_error(|| ec2_error("RequestLimitExceeded", "Request limit exceeded."));
-    let cloud = provider(&[&throttled]);
-    let nodes = vec![node("a", Some("aws:///us-east-1a/i-0123".into()))];
+    let fake = fleet(1, |_| "running");
+    fake.0.lock().throttle_next = 3;
+    let cloud = provider(&fake);
     let err = rt()
-        .block_on(cloud.instances_status(&nodes))
+        .block_on(cloud.instances_status(&[with_pid(0)]))
         .remove(0)
         .expect_err("throttled");
     assert!(err.is_throttled(), "{err:?}");
@@ -238,113 +382,81 @@ fn throttling_surfaces_as_throttled_after_the_sdks_three_attempts() {
             .contains("DescribeInstances: RequestLimitExceeded: Request limit exceeded."),
         "{err}"
     );
-    assert_eq!(throttled.num_calls(), 3, "the SDK's standard retry");
+    assert_eq!(
+        fake.calls("DescribeInstances"),
+        3,
+        "the SDK's standard retry"
+    );
     // A throttled lookup is an error, never "instance gone".
     assert!(!matches!(err, CloudError::InstanceNotFound));
+
+    // The next reconcile, with AWS calm again, succeeds.
+    let again = rt().block_on(cloud.instances_status(&[with_pid(0)]));
+    assert!(again[0].as_ref().expect("calm").exists);
 }
 
 #[test]
 fn two_throttles_are_absorbed_by_the_sdk_retry() {
-    // The SDK retries within one operation; the mock answers its attempts in sequence.
-    let flaky = mock!(aws_sdk_ec2::Client::describe_instances)
-        .sequence()
-        .error(|| ec2_error("RequestLimitExceeded", "slow down"))
-        .times(2)
-        .output(|| {
-            DescribeInstancesOutput::builder()
-                .reservations(
-                    Reservation::builder()
-                        .instances(instance(1, InstanceStateName::Running))
-                        .build(),
-                )
-                .build()
-        })
-        .build();
-    let cloud = provider(&[&flaky]);
-    let nodes = vec![node(
-        &dns(1),
-        Some(format!("aws:///us-east-1a/i-{:017x}", 1)),
-    )];
-    let status = rt().block_on(cloud.instances_status(&nodes)).remove(0);
+    let fake = fleet(1, |_| "running");
+    fake.0.lock().throttle_next = 2;
+    let cloud = provider(&fake);
+    let status = rt()
+        .block_on(cloud.instances_status(&[with_pid(0)]))
+        .remove(0);
     assert!(status.expect("retried to success").exists);
-    assert_eq!(flaky.num_calls(), 3);
+    assert_eq!(fake.calls("DescribeInstances"), 3);
 }
 
 #[test]
 fn other_errors_keep_their_code_and_are_not_retried() {
-    let denied = mock!(aws_sdk_ec2::Client::describe_instances).then_error(|| {
-        ec2_error(
-            "UnauthorizedOperation",
-            "You are not authorized to perform this operation.",
-        )
-    });
-    let cloud = provider(&[&denied]);
-    let nodes = vec![node("a", Some("aws:///us-east-1a/i-0123".into()))];
+    let fake = fleet(1, |_| "running");
+    fake.0.lock().fail_with = Some((
+        403,
+        "UnauthorizedOperation".into(),
+        "You are not authorized to perform this operation.".into(),
+    ));
+    let cloud = provider(&fake);
     let err = rt()
-        .block_on(cloud.instances_status(&nodes))
+        .block_on(cloud.instances_status(&[with_pid(0)]))
         .remove(0)
         .expect_err("denied");
     assert!(
-        matches!(&err, CloudError::Permanent(m) if m.starts_with("DescribeInstances: UnauthorizedOperation: ")),
+        matches!(&err, CloudError::Permanent(m) if m == "DescribeInstances: UnauthorizedOperation: You are not authorized to perform this operation."),
         "{err:?}"
     );
-    assert_eq!(denied.num_calls(), 1);
-}
+    assert_eq!(fake.calls("DescribeInstances"), 1);
 
-fn table(id: &str, routes: &[(&str, Option<&str>)]) -> RouteTable {
-    RouteTable::builder()
-        .route_table_id(id)
-        .set_routes(Some(
-            routes
-                .iter()
-                .map(|(cidr, inst)| {
-                    let r = Route::builder().destination_cidr_block(*cidr);
-                    match inst {
-                        Some(i) => r.instance_id(*i).state(RouteState::Active),
-                        None => r.state(RouteState::Blackhole),
-                    }
-                    .build()
-                })
-                .collect(),
-        ))
-        .build()
+    // EC2's own 5xx is retried by the SDK and then transient for the controllers.
+    fake.0.lock().fail_with = Some((500, "InternalError".into(), "oops".into()));
+    let err = rt()
+        .block_on(cloud.instances_status(&[with_pid(0)]))
+        .remove(0)
+        .expect_err("internal");
+    assert!(matches!(err, CloudError::Transient(_)), "{err:?}");
+    assert_eq!(fake.calls("DescribeInstances"), 1 + 3);
 }
 
 #[test]
 fn route_tables_are_read_to_the_last_page() {
-    // Two tagged tables on two pages: a route is listed only when both tables agree, so a
-    // provider that stopped after page one would list 10.128.1.0/24 too.
-    let i1 = format!("i-{:017x}", 1);
-    let i2 = format!("i-{:017x}", 2);
-    let (a, b) = (i1.clone(), i2.clone());
-    let tables =
-        mock!(aws_sdk_ec2::Client::describe_route_tables).then_compute_output(move |req| match req
-            .next_token()
-        {
-            None => DescribeRouteTablesOutput::builder()
-                .route_tables(table(
-                    "rtb-1",
-                    &[
-                        ("10.128.0.0/24", Some(&a)),
-                        ("10.128.1.0/24", Some(&b)),
-                        ("10.128.2.0/24", None),
-                    ],
-                ))
-                .next_token("2")
-                .build(),
-            Some(_) => DescribeRouteTablesOutput::builder()
-                .route_tables(table(
-                    "rtb-2",
-                    &[("10.128.0.0/24", Some(&a)), ("10.128.2.0/24", None)],
-                ))
-                .build(),
-        });
-    let fleet = Arc::new(vec![
-        instance(1, InstanceStateName::Running),
-        instance(2, InstanceStateName::Running),
-    ]);
-    let describes = describe_instances(fleet);
-    let cloud = provider(&[&tables, &describes]);
+    // 41 tagged tables: the last one is alone on page 2. A route is listed only when every
+    // table agrees, so a provider that stopped after page one would also list 10.128.1.0/24.
+    let fake = fleet(3, |_| "running");
+    let all = |n: usize| {
+        vec![
+            ("10.128.0.0/24".to_string(), Some(id(1))),
+            ("10.128.1.0/24".to_string(), Some(id(2))),
+            ("10.128.2.0/24".to_string(), None),
+        ]
+        .into_iter()
+        .take(n)
+        .collect::<Vec<_>>()
+    };
+    let mut tables: Vec<_> = (0..PAGE).map(|t| (format!("rtb-{t}"), all(3))).collect();
+    let mut last = all(1);
+    last.push(("10.128.2.0/24".to_string(), None));
+    tables.push(("rtb-last".to_string(), last));
+    fake.0.lock().tables = tables;
+    let cloud = provider(&fake);
     let mut routes = rt().block_on(cloud.list_routes("c1")).expect("routes");
     routes.sort_by(|x, y| x.destination_cidr.cmp(&y.destination_cidr));
     let got: Vec<(&str, &str, bool)> = routes
@@ -364,9 +476,9 @@ fn route_tables_are_read_to_the_last_page() {
             ("10.128.2.0/24", "", true),
         ]
     );
-    assert_eq!(tables.num_calls(), 2);
+    assert_eq!(fake.calls("DescribeRouteTables"), 2);
     assert_eq!(
-        describes.num_calls(),
+        fake.calls("DescribeInstances"),
         1,
         "instance → node names in one call"
     );
