@@ -8,6 +8,7 @@ mod metrics;
 mod patch;
 pub mod rbac;
 mod resources;
+mod review;
 mod selectors;
 mod server;
 mod status;

@@ -148,20 +148,16 @@ pub async fn run(
     let serve_shutdown = shutdown.child_token();
     if o.serving.secure_port != 0 {
         let addr = std::net::SocketAddr::new(o.serving.bind_address, o.serving.secure_port);
-        let tls = o
-            .serving
-            .tls_cert_file
-            .as_deref()
-            .zip(o.serving.tls_private_key_file.as_deref());
+        let serving = crate::serve_setup::secure_serving(o, &base).await?;
         let local = crate::serve::serve(
             addr,
-            tls,
+            serving,
             rt.health.clone(),
             rt.registry.clone(),
             serve_shutdown.clone(),
         )
         .await?;
-        tracing::info!(%local, "serving /healthz /readyz /livez /metrics");
+        tracing::info!(%local, "serving /healthz /readyz /livez /metrics over HTTPS");
     } else {
         tracing::info!("--secure-port=0: not serving health or metrics");
     }
