@@ -12,6 +12,8 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod cluster;
 mod demo;
+mod doctor;
+mod manifests;
 mod plot;
 
 /// ccm-rs: a Kubernetes cloud-controller-manager, event-driven and batched.
@@ -41,6 +43,15 @@ enum Command {
     Bench(bench::BenchOptions),
     /// Serve the in-memory Kubernetes API server until Ctrl-C (for kubectl and tests).
     KubeSim(ccm_kube_sim::CliOptions),
+    /// Print the manifests that deploy ccm-rs (the Helm chart's objects): ServiceAccounts,
+    /// RBAC exactly as used, and a Deployment + PodDisruptionBudget, a DaemonSet or a static Pod.
+    Manifests(manifests::ManifestOptions),
+    /// Check a cluster's cloud integration, read-only (also `kubectl ccm doctor`).
+    ///
+    /// Uninitialized nodes, the CCM's pods and leader election, kube-controller-manager and
+    /// kubelet flags, LoadBalancer Services, route syncs. Exit status 0 all ok, 1 warnings,
+    /// 2 failures.
+    Doctor(doctor::DoctorOptions),
 }
 
 /// Providers compiled into this binary. Provider crates register here, one line each.
@@ -48,11 +59,30 @@ fn providers() -> ccm_cloud::ProviderRegistry {
     let mut registry = ccm_cloud::ProviderRegistry::new();
     // Invariant: each name is registered once, so registering cannot collide.
     ccm_provider_sim::register(&mut registry).expect("fresh registry");
+    ccm_provider_metal::register(&mut registry).expect("fresh registry");
     registry
 }
 
+/// Installed as `kubectl-ccm` (a link to `ccm`), the binary is a kubectl plugin:
+/// `kubectl ccm doctor` runs `kubectl-ccm doctor`, which behaves as `ccm doctor`.
+fn parse_cli() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let plugin = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("kubectl-ccm"));
+    let mut cmd = Cli::command();
+    if plugin {
+        cmd = cmd.bin_name("kubectl ccm");
+    }
+    let matches = cmd.get_matches_from(args);
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_cli();
     ccm_manager::app::block_on(async move {
         match cli.command {
             Some(Command::Run(opts)) => ccm_manager::app::run(*opts, &providers()).await,
@@ -64,6 +94,11 @@ fn main() -> ExitCode {
             Some(Command::Bench(opts)) => {
                 logging::quiet();
                 bench::run(opts).await
+            }
+            Some(Command::Manifests(opts)) => manifests::run(&opts).map(|()| ExitCode::SUCCESS),
+            Some(Command::Doctor(opts)) => {
+                logging::quiet();
+                doctor::run(opts).await
             }
             Some(Command::KubeSim(opts)) => {
                 logging::init(2, ccm_manager::options::LogFormat::Text);

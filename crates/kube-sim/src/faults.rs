@@ -19,6 +19,8 @@ pub(crate) struct FaultConfig {
     pub rate_429: HashMap<Option<Verb>, f64>,
     pub rate_500: HashMap<Option<Verb>, f64>,
     pub retry_after: u32,
+    /// (verb, resource, subresource) → how many more such requests get 409 Conflict.
+    pub conflicts: HashMap<(Verb, String, String), u32>,
 }
 
 impl FaultConfig {
@@ -47,6 +49,20 @@ impl FaultConfig {
     }
 }
 
+impl FaultConfig {
+    /// Whether this request is one of the next ones scheduled to conflict (and counts it).
+    pub fn take_conflict(&mut self, verb: Verb, resource: &str, subresource: &str) -> bool {
+        let key = (verb, resource.to_string(), subresource.to_string());
+        match self.conflicts.get_mut(&key) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 /// A handle to change faults on a running simulator.
 #[derive(Clone)]
 pub struct Faults {
@@ -70,6 +86,16 @@ impl Faults {
     /// Fails a fraction `p` of requests of `verb` (all when `None`) with 500 InternalError.
     pub fn set_500_rate(&self, verb: Option<Verb>, p: f64) {
         self.cfg.write().rate_500.insert(verb, p.clamp(0.0, 1.0));
+    }
+
+    /// Answers the next `n` requests of `verb` on `resource` (plural; `subresource` empty for
+    /// the object itself) with 409 Conflict, as a write racing another writer gets — so the
+    /// re-read-and-retry paths of controllers run on demand.
+    pub fn conflict_next(&self, verb: Verb, resource: &str, subresource: &str, n: u32) {
+        self.cfg
+            .write()
+            .conflicts
+            .insert((verb, resource.to_string(), subresource.to_string()), n);
     }
 
     /// Seconds sent in `Retry-After` with injected 429s (default 1).

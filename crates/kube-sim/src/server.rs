@@ -351,7 +351,16 @@ impl Shared {
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
+        let conflict = self.faults.write().take_conflict(
+            verb,
+            desc.plural,
+            target.sub.as_deref().unwrap_or_default(),
+        );
         let resp = match fate {
+            _ if conflict => error_resp(&ApiError::conflict(
+                desc,
+                target.name.as_deref().unwrap_or_default(),
+            )),
             Some(429) => error_resp(&ApiError::too_many_requests(retry_after)),
             Some(_) => error_resp(&ApiError::internal("injected fault")),
             None => {

@@ -1,0 +1,197 @@
+//! Reading the CCM's `/metrics` the way Prometheus does: over HTTPS, with the kubeconfig's
+//! credentials (the CCM authorizes `/metrics` by delegating to the API server). The serving
+//! certificate is usually self-signed (upstream generates one when no `--tls-cert-file` is
+//! given), so when verification against the kubeconfig's CA fails doctor retries without it and
+//! says so in its output. Nothing here ever fails doctor: an unreachable endpoint is a finding.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// What came of trying to read the CCM's metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetricsProbe {
+    /// No endpoint to try (no running CCM pod, or serving disabled); the reason.
+    NotTried(String),
+    /// The endpoint did not answer with metrics.
+    Unreachable {
+        /// The URL tried.
+        url: String,
+        /// Why (connection refused, 403, timeout, ...).
+        reason: String,
+    },
+    /// Metrics read.
+    Scraped {
+        /// The URL read.
+        url: String,
+        /// The families doctor uses.
+        sample: MetricsSample,
+        /// The serving certificate was not verified (self-signed).
+        unverified_tls: bool,
+    },
+}
+
+/// The metric families the route check reads.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MetricsSample {
+    /// `route_controller_route_sync_total`, summed over labels; `None` when absent (route
+    /// controller not running, or a CCM older than 1.36).
+    pub route_syncs: Option<f64>,
+    /// ccm-rs labels its counter with `trigger` (periodic, node_change, retry, resync).
+    pub route_syncs_by_trigger: BTreeMap<String, f64>,
+    /// `process_start_time_seconds`.
+    pub start_time: Option<f64>,
+    /// When the sample was read (Unix seconds).
+    pub scraped_at: f64,
+}
+
+/// Parses Prometheus text or OpenMetrics exposition for the families doctor needs.
+pub fn parse(body: &str, scraped_at: f64) -> MetricsSample {
+    let mut s = MetricsSample {
+        scraped_at,
+        ..Default::default()
+    };
+    for line in body.lines().filter(|l| !l.starts_with('#')) {
+        let (series, rest) = match line.find('{') {
+            Some(i) => match line[i..].find('}') {
+                Some(j) => (&line[..i + j + 1], &line[i + j + 1..]),
+                None => continue,
+            },
+            None => match line.split_once(' ') {
+                Some((name, rest)) => (name, rest),
+                None => continue,
+            },
+        };
+        let Some(value) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        let name = series.split('{').next().unwrap_or(series);
+        match name {
+            "route_controller_route_sync_total" => {
+                *s.route_syncs.get_or_insert(0.0) += value;
+                if let Some(t) = label(series, "trigger") {
+                    *s.route_syncs_by_trigger.entry(t).or_default() += value;
+                }
+            }
+            "process_start_time_seconds" => s.start_time = Some(value),
+            _ => {}
+        }
+    }
+    s
+}
+
+fn label(series: &str, key: &str) -> Option<String> {
+    let inner = series.split_once('{')?.1.trim_end_matches('}');
+    inner.split(',').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k.trim() == key).then(|| v.trim().trim_matches('"').to_string())
+    })
+}
+
+/// Reads `url` with the kubeconfig's credentials; retries without certificate verification
+/// only after verification failed, and reports that it did.
+pub async fn probe(base: &kube::Config, url: &str) -> MetricsProbe {
+    let unreachable = |reason: String| MetricsProbe::Unreachable {
+        url: url.to_string(),
+        reason,
+    };
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return unreachable("not a URL".into());
+    };
+    let path = uri
+        .path_and_query()
+        .map_or("/metrics", |p| p.as_str())
+        .to_string();
+    let root = match (uri.scheme_str(), uri.authority()) {
+        (Some(s), Some(a)) => format!("{s}://{a}"),
+        _ => return unreachable("not an absolute URL".into()),
+    };
+    let verified = fetch(base, &root, &path, false).await;
+    let (result, unverified_tls) = match verified {
+        Ok(body) => (Ok(body), false),
+        Err(e) if root.starts_with("https://") && !e.starts_with("HTTP ") => (
+            fetch(base, &root, &path, true)
+                .await
+                .map_err(|e2| format!("{e2} (verified attempt: {e})")),
+            true,
+        ),
+        Err(e) => (Err(e), false),
+    };
+    match result {
+        Ok(body) => MetricsProbe::Scraped {
+            url: url.to_string(),
+            sample: parse(
+                &body,
+                jiff::Timestamp::now().as_millisecond() as f64 / 1000.0,
+            ),
+            unverified_tls,
+        },
+        Err(reason) => unreachable(reason),
+    }
+}
+
+async fn fetch(
+    base: &kube::Config,
+    root: &str,
+    path: &str,
+    insecure: bool,
+) -> Result<String, String> {
+    let mut config = base.clone();
+    config.cluster_url = root.parse().map_err(|e| format!("{e}"))?;
+    config.accept_invalid_certs = insecure;
+    config.tls_server_name = None;
+    config.connect_timeout = Some(Duration::from_secs(3));
+    config.read_timeout = Some(Duration::from_secs(5));
+    let client = kube::Client::try_from(config).map_err(|e| format!("{e}"))?;
+    let req = http::Request::get(path)
+        .body(Vec::new())
+        .map_err(|e| format!("{e}"))?;
+    let work = client.request_text(req);
+    match tokio::time::timeout(Duration::from_secs(8), work).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(kube::Error::Api(s))) => Err(format!("HTTP {} {}", s.code, s.message)),
+        Ok(Err(e)) => Err(error_chain(&e)),
+        Err(_) => Err("timed out after 8s".into()),
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let msg = s.to_string();
+        if !out.contains(&msg) {
+            out.push_str(": ");
+            out.push_str(&msg);
+        }
+        src = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_labelled_and_plain_counters() {
+        let body = "# HELP route_controller_route_sync_total x\n\
+            # TYPE route_controller_route_sync_total counter\n\
+            route_controller_route_sync_total{trigger=\"periodic\",outcome=\"noop\"} 40\n\
+            route_controller_route_sync_total{trigger=\"periodic\",outcome=\"changed\"} 2\n\
+            route_controller_route_sync_total{trigger=\"resync\",outcome=\"noop\"} 1\n\
+            process_start_time_seconds 1700000000.5\n\
+            # EOF\n";
+        let s = parse(body, 1.0);
+        assert_eq!(s.route_syncs, Some(43.0));
+        assert_eq!(s.route_syncs_by_trigger.get("periodic"), Some(&42.0));
+        assert_eq!(s.start_time, Some(1_700_000_000.5));
+        let upstream = parse("route_controller_route_sync_total 7\n", 1.0);
+        assert_eq!(upstream.route_syncs, Some(7.0));
+        assert!(upstream.route_syncs_by_trigger.is_empty());
+        assert_eq!(parse("other 1\n", 1.0).route_syncs, None);
+    }
+}

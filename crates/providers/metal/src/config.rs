@@ -1,0 +1,495 @@
+//! The `--cloud-config` file of the metal provider (TOML), parsed and checked into the
+//! structures the provider works with. Every error names the field and what to write instead.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ccm_cloud::{ConfigError, NodeAddress};
+use serde::Deserialize;
+
+use crate::ipam::{Pool, PoolRange};
+
+/// Default bound on concurrent BMC requests: BMCs are slow, and a rack of them answering at once
+/// is plenty.
+pub const DEFAULT_BMC_CONCURRENCY: usize = 8;
+/// Default per-request BMC timeout.
+pub const DEFAULT_BMC_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default routing table for pod-CIDR routes (an otherwise unused id).
+pub const DEFAULT_ROUTE_TABLE: u32 = 17219;
+/// Default route protocol number marking ccm-rs's routes (unassigned in `rt_protos`).
+pub const DEFAULT_ROUTE_PROTOCOL: u8 = 75;
+
+/// The file as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetalConfigFile {
+    /// How BMCs are queried.
+    #[serde(default)]
+    pub bmc: BmcOptions,
+    /// The machine inventory.
+    #[serde(default)]
+    pub machines: Vec<MachineConfig>,
+    /// LoadBalancer address pools.
+    #[serde(default)]
+    pub pools: Vec<PoolConfig>,
+    /// Kernel pod-CIDR routes on the host the CCM runs on.
+    pub routes: Option<RoutesConfig>,
+}
+
+/// `[bmc]`: limits for Redfish queries.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BmcOptions {
+    /// Most BMC requests in flight at once (default 8).
+    pub concurrency: Option<usize>,
+    /// Per-request timeout in milliseconds (default 5000).
+    pub timeout_ms: Option<u64>,
+}
+
+/// `[[machines]]`: one machine, or every machine whose node name matches `pattern`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineConfig {
+    /// The machine's (and its Node's) name.
+    pub name: Option<String>,
+    /// A node-name pattern with `*` (any run of characters) and `?` (one character).
+    pub pattern: Option<String>,
+    /// `node.kubernetes.io/instance-type`.
+    #[serde(default)]
+    pub instance_type: String,
+    /// `topology.kubernetes.io/zone`.
+    #[serde(default)]
+    pub zone: String,
+    /// `topology.kubernetes.io/region`.
+    #[serde(default)]
+    pub region: String,
+    /// `InternalIP` addresses.
+    #[serde(default)]
+    pub internal_ips: Vec<IpAddr>,
+    /// `ExternalIP` addresses.
+    #[serde(default)]
+    pub external_ips: Vec<IpAddr>,
+    /// `Hostname` address.
+    pub hostname: Option<String>,
+    /// Extra Node labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The machine's BMC, for power state.
+    pub bmc: Option<BmcConfig>,
+}
+
+/// `[machines.bmc]`: a Redfish endpoint.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BmcConfig {
+    /// Base URL, e.g. `https://10.0.0.11` or `http://10.0.0.11:8000`.
+    pub endpoint: String,
+    /// PEM file with the CA certificate(s) the BMC's certificate chains to (default: the
+    /// system's roots).
+    pub ca_file: Option<PathBuf>,
+    /// Accept any certificate (self-signed BMCs on a trusted management network only).
+    #[serde(default)]
+    pub insecure_skip_verify: bool,
+    /// The System: a Redfish id (`1`, a UUID) or a path (`/redfish/v1/Systems/1`); `{name}` is
+    /// replaced by the node name. Default `{name}`.
+    pub system: Option<String>,
+    /// User name for HTTP basic auth.
+    pub username: Option<String>,
+    /// File holding the password (e.g. a mounted Secret key); read at every reload, never logged.
+    pub password_file: Option<PathBuf>,
+}
+
+/// `[[pools]]`: an address pool for LoadBalancer Services.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Named in events, in the request annotation and in logs.
+    pub name: String,
+    /// CIDRs (`192.0.2.0/28`, `2001:db8::/120`) and ranges (`192.0.2.10-192.0.2.20`).
+    pub addresses: Vec<String>,
+    /// When false, only Services that name the pool or request one of its addresses get one.
+    #[serde(default = "yes")]
+    pub auto_assign: bool,
+    /// Never hand out IPv4 addresses ending in `.0` or `.255` (some clients drop them).
+    #[serde(default)]
+    pub avoid_buggy_ips: bool,
+    /// Only Services in these namespaces (empty: all).
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+    /// Only Services carrying all these labels (empty: all).
+    #[serde(default)]
+    pub service_selector: BTreeMap<String, String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `[routes]`: where pod-CIDR routes go.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutesConfig {
+    /// Routing table id (default 17219). Add `ip rule add to <cluster CIDR> lookup <table>`.
+    pub table: Option<u32>,
+    /// Route protocol number marking ccm-rs's routes (default 75).
+    pub protocol: Option<u8>,
+    /// Open the netlink socket in this network namespace (a path such as `/run/netns/gw`)
+    /// instead of the CCM's own.
+    pub netns: Option<PathBuf>,
+}
+
+/// One machine of the checked inventory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Machine {
+    /// Exact name, or the pattern for a pattern entry.
+    pub name: String,
+    /// True for a pattern entry.
+    pub is_pattern: bool,
+    /// Instance type label.
+    pub instance_type: String,
+    /// Zone label.
+    pub zone: String,
+    /// Region label.
+    pub region: String,
+    /// Addresses to put on the Node (empty: keep the Node's).
+    pub addresses: Vec<NodeAddress>,
+    /// Extra labels.
+    pub labels: BTreeMap<String, String>,
+    /// Redfish endpoint, if any.
+    pub bmc: Option<BmcConfig>,
+}
+
+impl Machine {
+    /// Whether this entry describes the node `name`.
+    pub fn matches(&self, name: &str) -> bool {
+        if self.is_pattern {
+            glob_match(self.name.as_bytes(), name.as_bytes())
+        } else {
+            self.name == name
+        }
+    }
+}
+
+/// Everything the provider needs, checked.
+#[derive(Debug, Clone, Default)]
+pub struct MetalConfig {
+    /// Machines, exact names first in file order, then patterns in file order.
+    pub machines: Vec<Machine>,
+    /// Pools in file order (allocation tries them in this order).
+    pub pools: Vec<Pool>,
+    /// BMC concurrency bound.
+    pub bmc_concurrency: usize,
+    /// BMC request timeout.
+    pub bmc_timeout: Duration,
+    /// Routes, if enabled.
+    pub routes: Option<RoutesSettings>,
+}
+
+/// Checked `[routes]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutesSettings {
+    /// Routing table id.
+    pub table: u32,
+    /// Protocol number.
+    pub protocol: u8,
+    /// Namespace to open the socket in.
+    pub netns: Option<PathBuf>,
+}
+
+impl MetalConfig {
+    /// Parses and checks the TOML text.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let file: MetalConfigFile = ccm_cloud::parse_toml_str(text)?;
+        Self::check(file)
+    }
+
+    /// The machine entry for node `name`: an exact entry wins over a pattern.
+    pub fn machine(&self, name: &str) -> Option<&Machine> {
+        self.machines.iter().find(|m| m.matches(name))
+    }
+
+    fn check(file: MetalConfigFile) -> Result<Self, ConfigError> {
+        let mut exact = Vec::new();
+        let mut patterns = Vec::new();
+        for (i, m) in file.machines.into_iter().enumerate() {
+            let machine = check_machine(i, m)?;
+            if machine.is_pattern {
+                patterns.push(machine);
+            } else if exact.iter().any(|e: &Machine| e.name == machine.name) {
+                return Err(ConfigError::field(
+                    format!("machines[{i}].name"),
+                    format!("a unique machine name; {:?} appears twice", machine.name),
+                ));
+            } else {
+                exact.push(machine);
+            }
+        }
+        exact.extend(patterns);
+        let mut pools: Vec<Pool> = Vec::new();
+        for (i, p) in file.pools.into_iter().enumerate() {
+            let pool = check_pool(i, p)?;
+            if pools.iter().any(|q| q.name == pool.name) {
+                return Err(ConfigError::field(
+                    format!("pools[{i}].name"),
+                    format!("a unique pool name; {:?} appears twice", pool.name),
+                ));
+            }
+            pools.push(pool);
+        }
+        let bmc_concurrency = file.bmc.concurrency.unwrap_or(DEFAULT_BMC_CONCURRENCY);
+        if bmc_concurrency == 0 {
+            return Err(ConfigError::field(
+                "bmc.concurrency",
+                "at least 1 (the most BMC requests in flight at once)",
+            ));
+        }
+        let bmc_timeout = match file.bmc.timeout_ms {
+            Some(0) => {
+                return Err(ConfigError::field(
+                    "bmc.timeout_ms",
+                    "a timeout in milliseconds above 0, e.g. 5000",
+                ));
+            }
+            Some(ms) => Duration::from_millis(ms),
+            None => DEFAULT_BMC_TIMEOUT,
+        };
+        let routes = file.routes.map(|r| RoutesSettings {
+            table: r.table.unwrap_or(DEFAULT_ROUTE_TABLE),
+            protocol: r.protocol.unwrap_or(DEFAULT_ROUTE_PROTOCOL),
+            netns: r.netns,
+        });
+        if let Some(r) = &routes {
+            check_routes(r)?;
+        }
+        Ok(MetalConfig {
+            machines: exact,
+            pools,
+            bmc_concurrency,
+            bmc_timeout,
+            routes,
+        })
+    }
+}
+
+fn check_routes(r: &RoutesSettings) -> Result<(), ConfigError> {
+    // 0 (unspec), 253 (default), 254 (main) and 255 (local) hold routes ccm-rs must never own.
+    if matches!(r.table, 0 | 253..=255) {
+        return Err(ConfigError::field(
+            "routes.table",
+            format!(
+                "a dedicated routing table id (not 0, 253, 254 or 255); got {}",
+                r.table
+            ),
+        ));
+    }
+    // 0-4 are the kernel's own (unspec, redirect, kernel, boot, static).
+    if r.protocol <= 4 {
+        return Err(ConfigError::field(
+            "routes.protocol",
+            format!(
+                "a dedicated route protocol number above 4 (0-4 are the kernel's); got {}",
+                r.protocol
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_machine(i: usize, m: MachineConfig) -> Result<Machine, ConfigError> {
+    let (name, is_pattern) = match (m.name, m.pattern) {
+        (Some(n), None) if !n.is_empty() => (n, false),
+        (None, Some(p)) if !p.is_empty() => (p, true),
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::field(
+                format!("machines[{i}]"),
+                "either `name` or `pattern`, not both",
+            ));
+        }
+        _ => {
+            return Err(ConfigError::field(
+                format!("machines[{i}].name"),
+                "a machine name (or a `pattern` such as \"worker-*\")",
+            ));
+        }
+    };
+    if is_pattern && (!m.internal_ips.is_empty() || !m.external_ips.is_empty()) {
+        return Err(ConfigError::field(
+            format!("machines[{i}].internal_ips"),
+            "no fixed addresses on a pattern entry (many machines cannot share them); list the machine by `name`",
+        ));
+    }
+    if let Some(bmc) = &m.bmc {
+        check_bmc(i, bmc)?;
+    }
+    let mut addresses: Vec<NodeAddress> = Vec::new();
+    let mut push = |type_: &str, address: String| {
+        addresses.push(NodeAddress {
+            type_: type_.into(),
+            address,
+        })
+    };
+    m.internal_ips
+        .iter()
+        .for_each(|a| push("InternalIP", a.to_string()));
+    m.external_ips
+        .iter()
+        .for_each(|a| push("ExternalIP", a.to_string()));
+    if let Some(h) = m.hostname {
+        push("Hostname", h);
+    }
+    Ok(Machine {
+        name,
+        is_pattern,
+        instance_type: m.instance_type,
+        zone: m.zone,
+        region: m.region,
+        addresses,
+        labels: m.labels,
+        bmc: m.bmc,
+    })
+}
+
+fn check_bmc(i: usize, bmc: &BmcConfig) -> Result<(), ConfigError> {
+    let field = format!("machines[{i}].bmc.endpoint");
+    let uri: http::Uri = bmc
+        .endpoint
+        .parse()
+        .map_err(|_| ConfigError::field(&field, "a URL such as \"http://10.0.0.11:8000\""))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => {
+            return Err(ConfigError::field(
+                &field,
+                "a URL with a scheme, such as \"https://10.0.0.11\"",
+            ));
+        }
+    }
+    if uri.host().is_none() {
+        return Err(ConfigError::field(&field, "a URL with a host"));
+    }
+    if let Some(ca) = &bmc.ca_file {
+        crate::tls::client_config(Some(ca), false)
+            .map_err(|e| ConfigError::field(format!("machines[{i}].bmc.ca_file"), e))?;
+    }
+    if bmc.password_file.is_some() && bmc.username.is_none() {
+        return Err(ConfigError::field(
+            format!("machines[{i}].bmc.username"),
+            "a user name to go with password_file",
+        ));
+    }
+    Ok(())
+}
+
+fn check_pool(i: usize, p: PoolConfig) -> Result<Pool, ConfigError> {
+    if p.name.is_empty() {
+        return Err(ConfigError::field(
+            format!("pools[{i}].name"),
+            "a pool name (it appears in events and annotations)",
+        ));
+    }
+    if p.addresses.is_empty() {
+        return Err(ConfigError::field(
+            format!("pools[{i}].addresses"),
+            "at least one CIDR (\"192.0.2.0/28\") or range (\"192.0.2.10-192.0.2.20\")",
+        ));
+    }
+    let mut ranges = Vec::new();
+    for (j, a) in p.addresses.iter().enumerate() {
+        let range = PoolRange::parse(a)
+            .map_err(|why| ConfigError::field(format!("pools[{i}].addresses[{j}]"), why))?;
+        ranges.push(range);
+    }
+    Ok(Pool {
+        name: p.name,
+        ranges,
+        auto_assign: p.auto_assign,
+        avoid_buggy_ips: p.avoid_buggy_ips,
+        namespaces: p.namespaces,
+        service_selector: p.service_selector,
+    })
+}
+
+/// `*` matches any run of characters, `?` exactly one; everything else literally.
+pub fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p, t));
+                p += 1;
+            }
+            Some(&c) if c == b'?' || c == text[t] => {
+                p += 1;
+                t += 1;
+            }
+            _ => match star {
+                Some((sp, st)) => {
+                    p = sp + 1;
+                    t = st + 1;
+                    star = Some((sp, st + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match(b"worker-*", b"worker-12"));
+        assert!(glob_match(b"w?rker-*-a", b"worker-1-a"));
+        assert!(!glob_match(b"worker-*", b"master-1"));
+        assert!(glob_match(b"*", b""));
+        assert!(!glob_match(b"a?", b"a"));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let err = MetalConfig::parse("[[pools]]\nname = \"p\"\naddresses = [\"10.0.0.0/33\"]\n")
+            .expect_err("bad cidr");
+        assert_eq!(err.field.as_deref(), Some("pools[0].addresses[0]"), "{err}");
+        let err = MetalConfig::parse("[[machines]]\nname = \"a\"\ninternal_ips = [\"x\"]\n")
+            .expect_err("bad ip");
+        assert!(
+            err.to_string().contains("machines[0].internal_ips"),
+            "{err}"
+        );
+        let err = MetalConfig::parse("[routes]\ntable = 254\n").expect_err("main table");
+        assert!(err.to_string().contains("routes.table"), "{err}");
+        let err = MetalConfig::parse(
+            "[[machines]]\nname = \"a\"\n[machines.bmc]\nendpoint = \"ftp://bmc\"\n",
+        )
+        .expect_err("scheme");
+        assert!(
+            err.to_string().contains("machines[0].bmc.endpoint"),
+            "{err}"
+        );
+        let err = MetalConfig::parse(
+            "[[machines]]\nname = \"a\"\n[machines.bmc]\nendpoint = \"https://bmc\"\nca_file = \"/nonexistent.pem\"\n",
+        )
+        .expect_err("ca file");
+        assert!(err.to_string().contains("machines[0].bmc.ca_file"), "{err}");
+        let err = MetalConfig::parse("[[machines]]\nname = \"a\"\n[[machines]]\nname = \"a\"\n")
+            .expect_err("dup");
+        assert!(err.to_string().contains("appears twice"), "{err}");
+    }
+
+    #[test]
+    fn exact_entries_win_over_patterns() {
+        let c = MetalConfig::parse(
+            "[[machines]]\npattern = \"w-*\"\nzone = \"any\"\n[[machines]]\nname = \"w-1\"\nzone = \"one\"\n",
+        )
+        .expect("valid");
+        assert_eq!(c.machine("w-1").map(|m| m.zone.as_str()), Some("one"));
+        assert_eq!(c.machine("w-2").map(|m| m.zone.as_str()), Some("any"));
+        assert!(c.machine("x").is_none());
+    }
+}

@@ -1,0 +1,545 @@
+//! Allocator rules, peer-project bugs as regression tests, and property tests over random
+//! create / update / delete / restart sequences.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn pool(name: &str, ranges: &[&str]) -> Pool {
+    Pool {
+        name: name.into(),
+        ranges: ranges
+            .iter()
+            .map(|r| PoolRange::parse(r).expect("range"))
+            .collect(),
+        auto_assign: true,
+        avoid_buggy_ips: false,
+        namespaces: vec![],
+        service_selector: BTreeMap::new(),
+    }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("ip")
+}
+
+fn req(key: &str) -> Request {
+    Request {
+        key: key.into(),
+        namespace: key.split('/').next().unwrap_or_default().into(),
+        families: vec![Family::V4],
+        ports: vec![Port {
+            protocol: "TCP".into(),
+            port: 80,
+        }],
+        ..Default::default()
+    }
+}
+
+fn with_current(mut r: Request, ips: &[IpAddr]) -> Request {
+    r.current = ips.to_vec();
+    r
+}
+
+#[test]
+fn lowest_free_address_and_stability_across_deletes() {
+    // MetalLB #686: deleting svc2 must not renumber svc3.
+    let mut a = Allocator::new(vec![pool("p", &["10.0.0.10-10.0.0.20"])]);
+    let s1 = a.assign(&req("d/s1")).expect("s1");
+    let s2 = a.assign(&req("d/s2")).expect("s2");
+    let s3 = a.assign(&req("d/s3")).expect("s3");
+    assert_eq!(
+        (s1[0], s2[0], s3[0]),
+        (ip("10.0.0.10"), ip("10.0.0.11"), ip("10.0.0.12"))
+    );
+    a.release("d/s2");
+    assert_eq!(a.assign(&with_current(req("d/s3"), &s3)).expect("s3"), s3);
+    assert_eq!(
+        a.assign(&req("d/s4")).expect("s4"),
+        s2,
+        "freed address reused"
+    );
+}
+
+#[test]
+fn metallb_1774_restart_with_a_one_address_pool_does_not_duplicate() {
+    // MetalLB #1774: one-address pool, svc1 bound, svc2 pending; after a restart both showed
+    // the address. Rebuild first, then allocate: svc2 stays pending with an error naming the pool.
+    let pools = vec![pool("only", &["192.168.0.2/32"])];
+    let mut a = Allocator::new(pools.clone());
+    let got = a.assign(&req("default/svc1")).expect("svc1");
+    assert!(a.assign(&req("default/svc2")).is_err());
+
+    let mut restarted = Allocator::new(pools);
+    // The pending Service is processed first after the restart, as in the bug report.
+    restarted
+        .adopt(&req("default/svc2"))
+        .expect("nothing to adopt");
+    restarted
+        .adopt(&with_current(req("default/svc1"), &got))
+        .expect("adopt svc1");
+    let err = restarted
+        .assign(&req("default/svc2"))
+        .expect_err("exhausted");
+    assert!(
+        err.to_string().contains("\"only\""),
+        "names the pool: {err}"
+    );
+    assert_eq!(
+        restarted
+            .assign(&with_current(req("default/svc1"), &got))
+            .expect("svc1 keeps it"),
+        got
+    );
+}
+
+#[test]
+fn metallb_2443_pending_service_never_takes_a_requested_address_after_restart() {
+    // MetalLB #2443 / PR #2004: a Service with a requested IP is bound; others are pending;
+    // after a restart the pending ones were handed the requested Service's address.
+    let pools = vec![pool("p", &["10.220.212.17-10.220.212.18"])];
+    let mut specific = req("ns/specific");
+    specific.ips = vec![ip("10.220.212.18")];
+    let specific = with_current(specific, &[ip("10.220.212.18")]);
+    let mut a = Allocator::new(pools);
+    a.adopt(&specific).expect("adopt");
+    assert_eq!(
+        a.assign(&req("ns/a")).expect("a"),
+        vec![ip("10.220.212.17")]
+    );
+    assert!(a.assign(&req("ns/b")).is_err(), "b stays pending");
+    assert_eq!(a.held("ns/specific"), Some(&[ip("10.220.212.18")][..]));
+}
+
+#[test]
+fn metallb_1591_removing_a_pool_moves_nothing_and_reuses_nothing() {
+    // MetalLB #1591: after deleting a pool, its Services' addresses were handed out again.
+    let mut a = Allocator::new(vec![
+        pool("cheap", &["192.168.1.0/30"]),
+        pool("default", &["192.168.10.0/30"]),
+    ]);
+    let mut r = req("test/ng");
+    r.pool = Some("default".into());
+    let held = a.assign(&r).expect("from default");
+    a.set_pools(vec![
+        pool("cheap", &["192.168.1.0/30"]),
+        pool("new", &["192.168.10.0/30"]),
+    ]);
+    // A new Service in the replacement pool does not get the held address.
+    let other = a.assign(&req("test/other")).expect("other");
+    assert!(!other.contains(&held[0]));
+    let mut n = req("test/new");
+    n.pool = Some("new".into());
+    assert_ne!(a.assign(&n).expect("new"), held);
+    // The holder keeps its address while its request is unchanged, even though the requested
+    // pool is gone (an explicit change of the annotation is what moves it).
+    assert_eq!(
+        a.assign(&with_current(r.clone(), &held)).expect("kept"),
+        held
+    );
+    r.pool = Some("cheap".into());
+    let moved = a
+        .assign(&with_current(r, &held))
+        .expect("explicit change moves");
+    assert!(moved[0].to_string().starts_with("192.168.1."), "{moved:?}");
+}
+
+#[test]
+fn kube_vip_cloud_provider_34_an_address_in_use_is_not_handed_out_again() {
+    // kube-vip-cloud-provider #34 / kube-vip #283: a new Service received the address an
+    // existing Service (traefik) already showed.
+    let pools = vec![pool("global", &["192.168.99.100-192.168.99.101"])];
+    let mut a = Allocator::new(pools);
+    a.adopt(&with_current(
+        req("kube-system/traefik"),
+        &[ip("192.168.99.100")],
+    ))
+    .expect("adopt");
+    assert_eq!(
+        a.assign(&req("default/nginx")).expect("nginx"),
+        vec![ip("192.168.99.101")]
+    );
+    let mut asks = req("default/alpine");
+    asks.ips = vec![ip("192.168.99.100")];
+    let err = a.assign(&asks).expect_err("in use");
+    assert!(err.to_string().contains("kube-system/traefik"), "{err}");
+    assert!(err.to_string().contains("\"global\""), "{err}");
+}
+
+#[test]
+fn kube_vip_cloud_provider_59_annotation_and_spec_must_agree() {
+    use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+    let mut svc = Service::default();
+    svc.metadata.name = Some("s".into());
+    svc.metadata.namespace = Some("d".into());
+    svc.metadata.annotations = Some(
+        [(
+            "kube-vip.io/loadbalancerIPs".to_string(),
+            "10.0.0.5".to_string(),
+        )]
+        .into_iter()
+        .collect(),
+    );
+    svc.spec = Some(ServiceSpec {
+        load_balancer_ip: Some("10.0.0.6".into()),
+        ..Default::default()
+    });
+    let err = request_from(&svc).expect_err("contradiction");
+    assert!(err.to_string().contains("contradicts"), "{err}");
+    svc.spec.as_mut().expect("spec").load_balancer_ip = Some("10.0.0.5".into());
+    assert_eq!(request_from(&svc).expect("agree").ips, vec![ip("10.0.0.5")]);
+}
+
+#[test]
+fn sharing_needs_the_same_key_and_disjoint_ports() {
+    let mut a = Allocator::new(vec![pool("p", &["10.0.0.0/30"])]);
+    let mut web = req("d/web");
+    web.sharing_key = Some("k".into());
+    let mut dns = req("d/dns");
+    dns.sharing_key = Some("k".into());
+    dns.ports = vec![Port {
+        protocol: "UDP".into(),
+        port: 53,
+    }];
+    let w = a.assign(&web).expect("web");
+    assert_eq!(a.assign(&dns).expect("dns"), w, "joins the key's address");
+    let mut clash = req("d/clash");
+    clash.sharing_key = Some("k".into());
+    clash.ips = w.clone();
+    let err = a.assign(&clash).expect_err("port 80 twice");
+    assert!(err.to_string().contains("same port"), "{err}");
+    let mut other = req("d/other");
+    other.ips = w.clone();
+    assert!(a.assign(&other).is_err(), "no key, no sharing");
+}
+
+#[test]
+fn pool_restrictions_and_auto_assign() {
+    let mut manual = pool("manual", &["10.1.0.0/30"]);
+    manual.auto_assign = false;
+    let mut prod = pool("prod", &["10.2.0.0/30"]);
+    prod.namespaces = vec!["prod".into()];
+    let mut web = pool("web", &["10.3.0.0/30"]);
+    web.service_selector = [("tier".to_string(), "web".to_string())].into();
+    let mut a = Allocator::new(vec![manual, prod, web]);
+    assert!(matches!(
+        a.assign(&req("dev/x")),
+        Err(AllocError::NoPool { .. })
+    ));
+    assert_eq!(a.assign(&req("prod/x")).expect("prod")[0], ip("10.2.0.0"));
+    let mut labelled = req("dev/y");
+    labelled.labels = [("tier".to_string(), "web".to_string())].into();
+    assert_eq!(a.assign(&labelled).expect("web")[0], ip("10.3.0.0"));
+    let mut named = req("dev/z");
+    named.pool = Some("manual".into());
+    assert_eq!(a.assign(&named).expect("manual")[0], ip("10.1.0.0"));
+    let mut asks = req("dev/w");
+    asks.ips = vec![ip("10.1.0.2")];
+    assert_eq!(a.assign(&asks).expect("requested in manual pool"), asks.ips);
+    let mut outside = req("dev/v");
+    outside.ips = vec![ip("10.9.9.9")];
+    assert!(matches!(
+        a.assign(&outside),
+        Err(AllocError::NotInPool { .. })
+    ));
+}
+
+#[test]
+fn avoid_buggy_ips_and_dual_stack() {
+    let mut v4 = pool("v4", &["10.0.0.255-10.0.1.1"]);
+    v4.avoid_buggy_ips = true;
+    let v6 = pool("v6", &["2001:db8::/64"]);
+    let mut a = Allocator::new(vec![v4, v6]);
+    let mut r = req("d/ds");
+    r.families = vec![Family::V6, Family::V4];
+    r.require_all_families = true;
+    assert_eq!(
+        a.assign(&r).expect("dual"),
+        vec![ip("2001:db8::"), ip("10.0.1.1")]
+    );
+    let mut single4 = req("d/s4");
+    single4.families = vec![Family::V4];
+    assert!(a.assign(&single4).is_err(), ".0 and .255 skipped, .1 taken");
+    let mut prefer = req("d/prefer");
+    prefer.families = vec![Family::V4, Family::V6];
+    assert_eq!(a.assign(&prefer).expect("v6 only"), vec![ip("2001:db8::1")]);
+    let mut require = prefer.clone();
+    require.key = "d/require".into();
+    require.require_all_families = true;
+    let err = a.assign(&require).expect_err("no v4 left");
+    assert!(err.to_string().contains("\"v4\""), "{err}");
+}
+
+#[test]
+fn an_adopted_duplicate_is_refused_not_renumbered() {
+    let mut a = Allocator::new(vec![pool("p", &["10.0.0.0/30"])]);
+    a.adopt(&with_current(req("d/old"), &[ip("10.0.0.1")]))
+        .expect("old");
+    let dup = with_current(req("d/new"), &[ip("10.0.0.1")]);
+    assert!(a.adopt(&dup).is_err());
+    let err = a.assign(&dup).expect_err("refused");
+    assert!(err.to_string().contains("d/old"), "{err}");
+    // Still recorded: a third Service never gets the address both show.
+    let mut third = req("d/third");
+    third.ips = vec![ip("10.0.0.1")];
+    a.release("d/old");
+    assert!(a.assign(&third).is_err(), "d/new still shows it");
+    assert_eq!(a.assign(&dup).expect("conflict gone"), vec![ip("10.0.0.1")]);
+}
+
+// ---- property tests ----
+
+const SERVICES: usize = 6;
+
+#[derive(Debug, Clone)]
+struct Spec {
+    namespace: &'static str,
+    ips: Option<&'static str>,
+    pool: Option<&'static str>,
+    sharing_key: Option<&'static str>,
+    ports: Vec<i32>,
+    families: (Vec<Family>, bool),
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Create or update Service `i` with `spec`, then the controller ensures it.
+    Apply(usize, Spec),
+    /// Ensure again without a change (resync, node change).
+    Resync(usize),
+    /// Delete Service `i`.
+    Delete(usize),
+    /// The CCM restarts: a new allocator adopts every Service's status, oldest first.
+    Restart,
+    /// The CCM allocates for `i` and dies before the status write, then restarts.
+    CrashMidAllocation(usize, Spec),
+}
+
+fn arb_spec() -> impl Strategy<Value = Spec> {
+    (
+        prop::sample::select(vec!["default", "prod"]),
+        prop::option::weighted(
+            0.3,
+            prop::sample::select(vec![
+                "10.0.0.1",
+                "10.0.0.2",
+                "10.0.1.1",
+                "10.0.2.1",
+                "10.9.0.1",
+                "fd00::1",
+                "10.0.0.3,fd00::2",
+            ]),
+        ),
+        prop::option::weighted(
+            0.3,
+            prop::sample::select(vec!["a", "manual", "prod-only", "v6", "missing"]),
+        ),
+        prop::option::weighted(0.4, prop::sample::select(vec!["k1", "k2"])),
+        prop::sample::subsequence(vec![53, 80, 443], 1..=2),
+        prop::sample::select(vec![
+            (vec![Family::V4], false),
+            (vec![Family::V6], false),
+            (vec![Family::V4, Family::V6], false),
+            (vec![Family::V4, Family::V6], true),
+        ]),
+    )
+        .prop_map(
+            |(namespace, ips, pool, sharing_key, ports, families)| Spec {
+                namespace,
+                ips,
+                pool,
+                sharing_key,
+                ports,
+                families,
+            },
+        )
+}
+
+fn arb_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..SERVICES, arb_spec()).prop_map(|(i, s)| Op::Apply(i, s)),
+        2 => (0..SERVICES).prop_map(Op::Resync),
+        2 => (0..SERVICES).prop_map(Op::Delete),
+        1 => Just(Op::Restart),
+        1 => (0..SERVICES, arb_spec()).prop_map(|(i, s)| Op::CrashMidAllocation(i, s)),
+    ]
+}
+
+fn prop_pools() -> Vec<Pool> {
+    let mut manual = pool("manual", &["10.0.1.0-10.0.1.2"]);
+    manual.auto_assign = false;
+    let mut prod = pool("prod-only", &["10.0.2.0/31"]);
+    prod.namespaces = vec!["prod".into()];
+    vec![
+        pool("a", &["10.0.0.0/30"]),
+        manual,
+        prod,
+        pool("v6", &["fd00::/127"]),
+    ]
+}
+
+/// One Service as the cluster stores it.
+#[derive(Debug, Clone)]
+struct Stored {
+    spec: Spec,
+    created: usize,
+    status: Vec<IpAddr>,
+    /// The request the status was granted for (what sharing rules are checked against).
+    granted: Option<Request>,
+}
+
+fn request_of(i: usize, s: &Stored) -> Request {
+    let spec = &s.spec;
+    Request {
+        key: format!("{}/svc{i}", spec.namespace),
+        namespace: spec.namespace.into(),
+        labels: BTreeMap::new(),
+        families: spec.families.0.clone(),
+        require_all_families: spec.families.1,
+        ips: spec
+            .ips
+            .map(|t| t.split(',').map(ip).collect())
+            .unwrap_or_default(),
+        pool: spec.pool.map(str::to_string),
+        sharing_key: spec.sharing_key.map(str::to_string),
+        ports: spec
+            .ports
+            .iter()
+            .map(|&port| Port {
+                protocol: "TCP".into(),
+                port,
+            })
+            .collect(),
+        current: s.status.clone(),
+    }
+}
+
+struct Model {
+    alloc: Allocator,
+    cluster: BTreeMap<usize, Stored>,
+    clock: usize,
+}
+
+impl Model {
+    fn restart(&mut self) {
+        self.alloc = Allocator::new(prop_pools());
+        let mut order: Vec<_> = self.cluster.iter().collect();
+        order.sort_by_key(|(_, s)| s.created);
+        for (&i, s) in order {
+            let _ = self.alloc.adopt(&request_of(i, s));
+        }
+    }
+
+    /// The controller's ensure: assign, then write the status on success.
+    fn ensure(&mut self, i: usize, commit: bool) -> Result<(), TestCaseError> {
+        let stored = self.cluster.get(&i).expect("exists").clone();
+        let r = request_of(i, &stored);
+        let unchanged = stored
+            .granted
+            .as_ref()
+            .is_some_and(|g| Fingerprint::of(g) == Fingerprint::of(&r));
+        if let Ok(ips) = self.alloc.assign(&r) {
+            {
+                // Every address is in a pool that may serve the Service (or is the one it
+                // already held).
+                for &a in &ips {
+                    let pooled = self
+                        .alloc
+                        .pools()
+                        .iter()
+                        .any(|p| p.contains(a) && p.allows(&r));
+                    prop_assert!(
+                        pooled || stored.status.contains(&a),
+                        "{a} outside pools for {r:?}"
+                    );
+                }
+                if unchanged && !stored.status.is_empty() {
+                    prop_assert_eq!(&ips, &stored.status, "moved without a request change");
+                }
+                // Nothing newly given is shown by another Service it may not share with.
+                for new in ips.iter().filter(|a| !stored.status.contains(a)) {
+                    for (&j, other) in &self.cluster {
+                        if j != i && other.status.contains(new) {
+                            let o = request_of(j, other);
+                            prop_assert!(
+                                may_share(&r, &o),
+                                "{new} given to {} while {} shows it",
+                                r.key,
+                                o.key
+                            );
+                        }
+                    }
+                }
+                if commit {
+                    let s = self.cluster.get_mut(&i).expect("exists");
+                    s.status = ips;
+                    s.granted = Some(r);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Legal sharing under both Services' current requests.
+fn may_share(a: &Request, b: &Request) -> bool {
+    a.sharing_key.is_some()
+        && a.sharing_key == b.sharing_key
+        && !a.ports.iter().any(|p| b.ports.contains(p))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_over_random_histories(ops in prop::collection::vec(arb_op(), 1..60)) {
+        let mut m = Model { alloc: Allocator::new(prop_pools()), cluster: BTreeMap::new(), clock: 0 };
+        for op in ops {
+            match op {
+                Op::Apply(i, spec) => {
+                    m.clock += 1;
+                    let created = m.clock;
+                    let entry = m.cluster.entry(i).or_insert(Stored { spec: spec.clone(), created, status: vec![], granted: None });
+                    if entry.spec.namespace != spec.namespace {
+                        // Another namespace is another Service: delete and re-create.
+                        m.alloc.release(&request_of(i, entry).key);
+                        *entry = Stored { spec: spec.clone(), created, status: vec![], granted: None };
+                    }
+                    entry.spec = spec;
+                    m.ensure(i, true)?;
+                }
+                Op::Resync(i) => {
+                    if m.cluster.contains_key(&i) {
+                        m.ensure(i, true)?;
+                    }
+                }
+                Op::Delete(i) => {
+                    if let Some(s) = m.cluster.remove(&i) {
+                        m.alloc.release(&request_of(i, &s).key);
+                    }
+                }
+                Op::Restart => m.restart(),
+                Op::CrashMidAllocation(i, spec) => {
+                    m.clock += 1;
+                    let created = m.clock;
+                    let entry = m.cluster.entry(i).or_insert(Stored { spec: spec.clone(), created, status: vec![], granted: None });
+                    if entry.spec.namespace == spec.namespace {
+                        entry.spec = spec;
+                        m.ensure(i, false)?;
+                    }
+                    m.restart();
+                }
+            }
+        }
+        // Whatever happened, a final restart + resync of everyone moves no bound Service whose
+        // request is the one it was granted for.
+        m.restart();
+        let keys: Vec<usize> = m.cluster.keys().copied().collect();
+        for i in keys {
+            m.ensure(i, true)?;
+        }
+    }
+}

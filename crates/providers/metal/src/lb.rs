@@ -1,0 +1,212 @@
+//! LoadBalancer: addresses from the pools, recorded in the Services' status, rebuilt from the
+//! cluster before the first allocation of every leadership term.
+
+use std::net::IpAddr;
+
+use async_trait::async_trait;
+use ccm_cloud::{CloudError, CloudResult, LoadBalancer, LoadBalancerStatus, Node, Service};
+use k8s_openapi::api::core::v1::LoadBalancerIngress;
+use kube::api::{Api, ListParams};
+use parking_lot::Mutex as SyncMutex;
+
+use crate::ipam::{Allocator, Pool, Request, request_from};
+use crate::provider::MetalCloud;
+
+/// The allocator, `None` until rebuilt from the cluster.
+pub(crate) struct LbState {
+    alloc: tokio::sync::Mutex<Option<Allocator>>,
+    pools: SyncMutex<Vec<Pool>>,
+}
+
+impl LbState {
+    pub(crate) fn new(pools: Vec<Pool>) -> Self {
+        LbState {
+            alloc: tokio::sync::Mutex::new(None),
+            pools: SyncMutex::new(pools),
+        }
+    }
+
+    /// New pools; the allocator picks them up at its next operation (held addresses stay).
+    pub(crate) fn set_pools(&self, pools: Vec<Pool>) {
+        *self.pools.lock() = pools;
+    }
+
+    /// Forget the table: the next operation rebuilds it from the cluster.
+    pub(crate) async fn reset(&self) {
+        *self.alloc.lock().await = None;
+    }
+}
+
+fn key_of(svc: &Service) -> String {
+    format!(
+        "{}/{}",
+        svc.metadata.namespace.as_deref().unwrap_or(""),
+        svc.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+fn is_load_balancer(svc: &Service) -> bool {
+    svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
+}
+
+fn status_of(ips: &[IpAddr]) -> LoadBalancerStatus {
+    LoadBalancerStatus {
+        ingress: Some(
+            ips.iter()
+                .map(|ip| LoadBalancerIngress {
+                    ip: Some(ip.to_string()),
+                    ip_mode: Some("VIP".into()),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// Requests of every Service that shows addresses, oldest first (ties by key), so the older
+/// Service keeps an address two of them show.
+pub fn adoption_order(services: &[Service]) -> Vec<Request> {
+    let mut shown: Vec<(Option<String>, Request)> = services
+        .iter()
+        .filter(|s| is_load_balancer(s))
+        .filter_map(|s| {
+            // A Service whose annotations are now contradictory still holds what it shows.
+            let req = request_from(s).unwrap_or_else(|_| Request {
+                key: key_of(s),
+                current: request_from_status(s),
+                ..Default::default()
+            });
+            (!req.current.is_empty()).then(|| {
+                let created = s
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0.to_string());
+                (created, req)
+            })
+        })
+        .collect();
+    shown.sort_by(|a, b| (&a.0, &a.1.key).cmp(&(&b.0, &b.1.key)));
+    shown.into_iter().map(|(_, r)| r).collect()
+}
+
+fn request_from_status(svc: &Service) -> Vec<IpAddr> {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|ing| {
+            ing.iter()
+                .filter_map(|i| i.ip.as_deref()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl MetalCloud {
+    /// Runs `f` on the allocator, rebuilding it from all Services in the cluster first if this
+    /// leadership term has not yet (MetalLB #1774: never allocate before the full picture).
+    async fn with_allocator<T>(
+        &self,
+        f: impl FnOnce(&mut Allocator) -> CloudResult<T>,
+    ) -> CloudResult<T> {
+        let mut guard = self.inner.lb.alloc.lock().await;
+        if guard.is_none() {
+            *guard = Some(self.rebuild().await?);
+        }
+        let alloc = guard
+            .as_mut()
+            .ok_or_else(|| CloudError::Transient("address table not built yet".into()))?;
+        let pools = self.inner.lb.pools.lock().clone();
+        if alloc.pools() != pools.as_slice() {
+            alloc.set_pools(pools);
+        }
+        f(alloc)
+    }
+
+    async fn rebuild(&self) -> CloudResult<Allocator> {
+        let client = self.client().ok_or_else(|| {
+            CloudError::retry_after(
+                std::time::Duration::from_secs(1),
+                "metal provider not initialized yet: no API client to rebuild the address table",
+            )
+        })?;
+        let services = Api::<Service>::all(client)
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| {
+                CloudError::Transient(format!(
+                    "listing Services to rebuild the address table: {e}"
+                ))
+            })?;
+        let mut alloc = Allocator::new(self.inner.lb.pools.lock().clone());
+        let mut adopted = 0usize;
+        for req in adoption_order(&services.items) {
+            match alloc.adopt(&req) {
+                Ok(()) => adopted += 1,
+                Err(e) => tracing::warn!(service = %req.key, error = %e,
+                    "the Service's status shows an address another Service holds; it keeps it but gets no other until the conflict is resolved"),
+            }
+        }
+        tracing::info!(
+            services = services.items.len(),
+            adopted,
+            "metal: LB address table rebuilt from the cluster"
+        );
+        Ok(alloc)
+    }
+}
+
+fn to_cloud(e: crate::ipam::AllocError) -> CloudError {
+    CloudError::Permanent(e.to_string())
+}
+
+#[async_trait]
+impl LoadBalancer for MetalCloud {
+    async fn get_load_balancer(
+        &self,
+        _cluster: &str,
+        service: &Service,
+    ) -> CloudResult<Option<LoadBalancerStatus>> {
+        let key = key_of(service);
+        self.with_allocator(|a| Ok(a.held(&key).map(status_of)))
+            .await
+    }
+
+    async fn ensure_load_balancer(
+        &self,
+        _cluster: &str,
+        service: &Service,
+        _nodes: &[Node],
+    ) -> CloudResult<LoadBalancerStatus> {
+        let req = request_from(service).map_err(to_cloud)?;
+        let ips = self
+            .with_allocator(|a| a.assign(&req).map_err(to_cloud))
+            .await?;
+        tracing::debug!(service = %req.key, ?ips, "metal: addresses assigned");
+        Ok(status_of(&ips))
+    }
+
+    /// Nothing to do: the speakers (kube-vip, MetalLB) follow the endpoints themselves.
+    async fn update_load_balancer(
+        &self,
+        _cluster: &str,
+        _service: &Service,
+        _nodes: &[Node],
+    ) -> CloudResult<()> {
+        Ok(())
+    }
+
+    async fn ensure_load_balancer_deleted(
+        &self,
+        _cluster: &str,
+        service: &Service,
+    ) -> CloudResult<()> {
+        let key = key_of(service);
+        self.with_allocator(|a| {
+            a.release(&key);
+            Ok(())
+        })
+        .await
+    }
+}

@@ -1,0 +1,28 @@
+//! # ccm-provider-metal: bare metal, one CCM
+//!
+//! `--cloud-provider=metal` gives clusters on their own hardware what they used to stitch
+//! together from a node initializer, kube-vip-cloud-provider or MetalLB, and static routes:
+//! - **Instances** from a machine inventory in the cloud-config (reloaded when the file
+//!   changes), providerID `metal://<machine>`, power state from each machine's Redfish BMC
+//!   (a BMC that does not answer is an error, never "instance gone");
+//! - **LoadBalancer IPs** from address pools ([`ipam`]): requested addresses (own, MetalLB and
+//!   kube-vip annotations, `spec.loadBalancerIP`), sharing keys, dual-stack, state rebuilt from
+//!   the cluster's Services, no silent renumbering;
+//! - **Routes**: pod-CIDR routes as kernel routes (rtnetlink) in a dedicated table and protocol
+//!   on the host the CCM runs on.
+//!
+//! The cloud-config reference and a full example are in `docs/providers/metal.md`.
+
+pub mod config;
+mod instances;
+pub mod ipam;
+mod lb;
+pub mod netlink;
+mod provider;
+pub mod redfish;
+mod routes;
+mod tls;
+
+pub use config::MetalConfig;
+pub use lb::adoption_order;
+pub use provider::{MetalCloud, PROVIDER_NAME, RELOAD_PERIOD, provider_id, register};

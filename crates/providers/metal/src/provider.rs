@@ -1,0 +1,193 @@
+//! [`MetalCloud`]: the provider value, its registration and config reloading.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ccm_cloud::{
+    CloudConfig, CloudProvider, CloudResult, ConfigError, InitContext, Instances, LoadBalancer,
+    ProviderRegistry, RegistryError, Routes,
+};
+use parking_lot::RwLock;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::MetalConfig;
+use crate::lb::LbState;
+use crate::redfish::Redfish;
+use crate::routes::RouteState;
+
+/// `--cloud-provider` name and providerID scheme.
+pub const PROVIDER_NAME: &str = "metal";
+/// How often the cloud-config file is re-read to pick up edits.
+pub const RELOAD_PERIOD: Duration = Duration::from_secs(2);
+
+/// The providerID of machine `name`.
+pub fn provider_id(name: &str) -> String {
+    format!("{PROVIDER_NAME}://{name}")
+}
+
+/// State shared by the capabilities.
+pub(crate) struct Inner {
+    pub(crate) config: RwLock<Arc<MetalConfig>>,
+    pub(crate) path: Option<PathBuf>,
+    pub(crate) last_text: RwLock<String>,
+    pub(crate) redfish: Redfish,
+    pub(crate) lb: LbState,
+    pub(crate) routes: Option<RouteState>,
+    pub(crate) client: RwLock<Option<kube::Client>>,
+}
+
+/// The bare-metal provider. Cheap to clone; clones share state.
+#[derive(Clone)]
+pub struct MetalCloud {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for MetalCloud {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetalCloud")
+            .field("path", &self.inner.path)
+            .finish()
+    }
+}
+
+/// Registers `metal` in `registry`. The provider needs `--cloud-config`.
+pub fn register(registry: &mut ProviderRegistry) -> Result<(), RegistryError> {
+    registry.register(PROVIDER_NAME, |config: Option<&CloudConfig>| {
+        let config = config.ok_or_else(|| {
+            ConfigError::general(
+                "the metal provider needs --cloud-config (a TOML file with [[machines]] and [[pools]]; see docs/providers/metal.md)",
+            )
+        })?;
+        Ok(Arc::new(MetalCloud::from_cloud_config(config)?) as Arc<dyn CloudProvider>)
+    })
+}
+
+impl MetalCloud {
+    /// Builds the provider from the `--cloud-config` file (reloaded while running).
+    pub fn from_cloud_config(config: &CloudConfig) -> Result<Self, ConfigError> {
+        let parsed = MetalConfig::parse(&config.contents)
+            .map_err(|e| e.in_file(config.path.display().to_string()))?;
+        Self::build(parsed, Some(config.path.clone()), config.contents.clone())
+    }
+
+    /// Builds the provider from a config value (no reloading); for tests and embedding.
+    pub fn new(config: MetalConfig) -> Result<Self, ConfigError> {
+        Self::build(config, None, String::new())
+    }
+
+    fn build(
+        config: MetalConfig,
+        path: Option<PathBuf>,
+        text: String,
+    ) -> Result<Self, ConfigError> {
+        let routes = config.routes.as_ref().map(RouteState::new);
+        Ok(MetalCloud {
+            inner: Arc::new(Inner {
+                redfish: Redfish::new(config.bmc_concurrency, config.bmc_timeout),
+                lb: LbState::new(config.pools.clone()),
+                routes,
+                config: RwLock::new(Arc::new(config)),
+                path,
+                last_text: RwLock::new(text),
+                client: RwLock::new(None),
+            }),
+        })
+    }
+
+    /// The config in force.
+    pub fn config(&self) -> Arc<MetalConfig> {
+        self.inner.config.read().clone()
+    }
+
+    /// Re-reads the cloud-config file; a bad edit is logged and the old config kept. Returns
+    /// whether a new config took effect.
+    pub fn reload(&self) -> Result<bool, ConfigError> {
+        let Some(path) = &self.inner.path else {
+            return Ok(false);
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::general(format!("cannot read the file: {e}"))
+                .in_file(path.display().to_string())
+        })?;
+        if *self.inner.last_text.read() == text {
+            return Ok(false);
+        }
+        let parsed =
+            MetalConfig::parse(&text).map_err(|e| e.in_file(path.display().to_string()))?;
+        *self.inner.last_text.write() = text;
+        self.apply(parsed);
+        Ok(true)
+    }
+
+    /// Puts `config` in force: machines at once, pools without moving any held address.
+    /// Route table, BMC limits and timeouts keep their startup values.
+    pub fn apply(&self, config: MetalConfig) {
+        self.inner.lb.set_pools(config.pools.clone());
+        *self.inner.config.write() = Arc::new(config);
+    }
+
+    fn spawn_reloader(&self, shutdown: CancellationToken) {
+        if self.inner.path.is_none() {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RELOAD_PERIOD);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                match me.reload() {
+                    Ok(true) => {
+                        tracing::info!(path = ?me.inner.path, "metal cloud-config reloaded")
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::error!(error = %e, "metal cloud-config not reloaded; keeping the previous one")
+                    }
+                }
+            }
+        });
+    }
+
+    pub(crate) fn client(&self) -> Option<kube::Client> {
+        self.inner.client.read().clone()
+    }
+}
+
+#[async_trait]
+impl CloudProvider for MetalCloud {
+    fn provider_name(&self) -> &str {
+        PROVIDER_NAME
+    }
+
+    async fn initialize(&self, ctx: InitContext) -> CloudResult<()> {
+        *self.inner.client.write() = Some(ctx.client.clone());
+        // A new leadership term rebuilds the LB table from the cluster before allocating.
+        self.inner.lb.reset().await;
+        if let Some(routes) = &self.inner.routes {
+            routes.learn_nodes(&ctx.client).await;
+        }
+        self.spawn_reloader(ctx.shutdown);
+        Ok(())
+    }
+
+    fn instances(&self) -> Option<Arc<dyn Instances>> {
+        Some(Arc::new(self.clone()))
+    }
+
+    fn load_balancer(&self) -> Option<Arc<dyn LoadBalancer>> {
+        Some(Arc::new(self.clone()))
+    }
+
+    fn routes(&self) -> Option<Arc<dyn Routes>> {
+        self.inner
+            .routes
+            .as_ref()
+            .map(|_| Arc::new(self.clone()) as Arc<dyn Routes>)
+    }
+}
