@@ -35,6 +35,19 @@ pub struct SimCluster {
     _dir: TempDir,
 }
 
+/// How a simulated kubelet is configured and what it finds on its machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kubelet {
+    /// `--cloud-provider=external`: registers tainted, reports Ready.
+    External,
+    /// `--cloud-provider=external`, but the CNI waits for the CCM: registers tainted and
+    /// reports NotReady (NetworkPluginNotReady).
+    NoNetwork,
+    /// Started without `--cloud-provider=external`: registers untainted, so no CCM ever
+    /// initializes the node.
+    NotExternal,
+}
+
 /// A directory removed on drop.
 struct TempDir(PathBuf);
 
@@ -66,9 +79,14 @@ pub struct ClusterState {
 }
 
 impl SimCluster {
-    /// Starts kube-sim and an empty cloud.
+    /// Starts kube-sim (over HTTPS, as every real API server serves: kubectl sends the
+    /// kubeconfig's bearer token only over TLS) and an empty cloud.
     pub async fn start(cloud: SimCloud) -> anyhow::Result<Self> {
-        let kube = KubeSim::start(ccm_kube_sim::Config::default())
+        let config = ccm_kube_sim::Config {
+            tls: true,
+            ..ccm_kube_sim::Config::default()
+        };
+        let kube = KubeSim::start(config)
             .await
             .context("starting the in-memory API server")?;
         let dir = std::env::temp_dir().join(format!(
@@ -134,9 +152,25 @@ impl SimCluster {
     /// tainted uninitialized (with a pod CIDR, as node IPAM would assign), then report Ready.
     /// The instance is created in the cloud first, as a VM boots before its kubelet.
     pub async fn add_node(&self, i: u32) -> anyhow::Result<String> {
+        self.add_node_as(i, Kubelet::External).await
+    }
+
+    /// Registers node number `i` as a kubelet configured as `kubelet` does.
+    pub async fn add_node_as(&self, i: u32, kubelet: Kubelet) -> anyhow::Result<String> {
         let name = format!("node-{i:05}");
         self.cloud.add_instance(InstanceSpec::new(name.clone()));
         let nodes: Api<Node> = Api::all(self.kubelet.clone());
+        let taints = match kubelet {
+            Kubelet::NotExternal => json!([]),
+            Kubelet::External => {
+                json!([{"key": TAINT_UNINITIALIZED, "value": "true", "effect": "NoSchedule"}])
+            }
+            // kube-controller-manager's node lifecycle controller adds not-ready at once.
+            Kubelet::NoNetwork => json!([
+                {"key": TAINT_UNINITIALIZED, "value": "true", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"},
+            ]),
+        };
         let node: Node = serde_json::from_value(json!({
             "apiVersion": "v1",
             "kind": "Node",
@@ -151,38 +185,65 @@ impl SimCluster {
             "spec": {
                 "podCIDR": Self::pod_cidr(i),
                 "podCIDRs": [Self::pod_cidr(i)],
-                "taints": [{
-                    "key": TAINT_UNINITIALIZED,
-                    "value": "true",
-                    "effect": "NoSchedule",
-                }],
+                "taints": taints,
             },
         }))?;
         nodes
             .create(&PostParams::default(), &node)
             .await
             .with_context(|| format!("kubelet: registering node {name}"))?;
-        self.set_ready(&name, true).await?;
+        if kubelet == Kubelet::NoNetwork {
+            self.set_condition(
+                &name,
+                "False",
+                "KubeletNotReady",
+                "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized",
+            )
+            .await?;
+        } else {
+            self.set_ready(&name, true).await?;
+        }
         Ok(name)
     }
 
     /// The kubelet's status update: Ready True/Unknown, plus its Hostname address.
     pub async fn set_ready(&self, name: &str, ready: bool) -> anyhow::Result<()> {
+        if ready {
+            self.set_condition(
+                name,
+                "True",
+                "KubeletReady",
+                "kubelet is posting ready status",
+            )
+            .await
+        } else {
+            self.set_condition(
+                name,
+                "Unknown",
+                "NodeStatusUnknown",
+                "Kubelet stopped posting node status.",
+            )
+            .await
+        }
+    }
+
+    /// The kubelet's status update with any Ready condition, plus its Hostname address.
+    pub async fn set_condition(
+        &self,
+        name: &str,
+        status: &str,
+        reason: &str,
+        message: &str,
+    ) -> anyhow::Result<()> {
         let nodes: Api<Node> = Api::all(self.kubelet.clone());
         let now = jiff_now();
-        let status = if ready { "True" } else { "Unknown" };
-        let reason = if ready {
-            "KubeletReady"
-        } else {
-            "NodeStatusUnknown"
-        };
         let patch = json!({
             "status": {
                 "conditions": [{
                     "type": "Ready",
                     "status": status,
                     "reason": reason,
-                    "message": if ready { "kubelet is posting ready status" } else { "Kubelet stopped posting node status." },
+                    "message": message,
                     "lastHeartbeatTime": now,
                     "lastTransitionTime": now,
                 }],

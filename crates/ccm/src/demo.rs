@@ -52,6 +52,9 @@ pub struct DemoOptions {
     /// Give up when the cluster has not converged after this long.
     #[arg(long, default_value = "300s")]
     pub timeout: GoDuration,
+    /// Stage a failure and keep the cluster up for `ccm doctor --kubeconfig …` to diagnose.
+    #[arg(long = "break", value_enum, value_name = "SCENARIO")]
+    pub breakage: Option<crate::breakage::Breakage>,
 }
 
 /// The summary printed (and written with --summary-json).
@@ -89,7 +92,7 @@ struct RunArgs {
     options: RunOptions,
 }
 
-struct Ccm {
+pub(crate) struct Ccm {
     rt: Arc<Runtime>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<Exit>>,
@@ -97,7 +100,7 @@ struct Ccm {
 
 impl Ccm {
     /// Starts the real CCM against the cluster, with the cloud handed in directly.
-    async fn start(
+    pub(crate) async fn start(
         cluster: &SimCluster,
         extra: &[&str],
     ) -> anyhow::Result<(Self, ControllerHandles)> {
@@ -111,6 +114,13 @@ impl Ccm {
             "--leader-elect-retry-period=500ms".into(),
         ];
         argv.extend(extra.iter().map(|s| s.to_string()));
+        // As a Deployment's pod would run it: in-cluster config instead of --kubeconfig.
+        let pod_args: Vec<String> = argv[1..]
+            .iter()
+            .filter(|a| !a.starts_with("--kubeconfig="))
+            .cloned()
+            .collect();
+        crate::breakage::register_ccm_pod(cluster, &pod_args).await?;
         let options = RunArgs::try_parse_from(argv)?.options;
         let validated = options.validate()?;
         let mut providers = ccm_cloud::ProviderRegistry::new();
@@ -142,7 +152,7 @@ impl Ccm {
         Ok((Ccm { rt, shutdown, task }, handles))
     }
 
-    async fn stop(self) -> anyhow::Result<()> {
+    pub(crate) async fn stop(self) -> anyhow::Result<()> {
         self.shutdown.cancel();
         match self.task.await {
             Ok(Ok(_)) => Ok(()),
@@ -152,7 +162,7 @@ impl Ccm {
     }
 }
 
-fn cloud(opts: &DemoOptions) -> anyhow::Result<SimCloud> {
+pub(crate) fn cloud(opts: &DemoOptions) -> anyhow::Result<SimCloud> {
     crate::cluster::sim_cloud(42, opts.cloud_latency.0, 5, opts.fault_rate)
 }
 
@@ -233,7 +243,7 @@ async fn converge(
     .await
 }
 
-async fn register(
+pub(crate) async fn register(
     cluster: &SimCluster,
     nodes: std::ops::Range<u32>,
     services: std::ops::Range<u32>,
@@ -260,6 +270,9 @@ async fn register(
 pub async fn run(opts: DemoOptions) -> anyhow::Result<std::process::ExitCode> {
     if opts.compare_route_modes {
         return compare_route_modes(&opts).await;
+    }
+    if let Some(b) = opts.breakage {
+        return crate::breakage::run(&opts, b).await;
     }
     let started = Instant::now();
     let cluster = SimCluster::start(cloud(&opts)?).await?;

@@ -10,6 +10,7 @@ use ccm_manager::logging;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod breakage;
 mod cluster;
 mod demo;
 mod doctor;

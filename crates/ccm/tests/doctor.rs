@@ -323,3 +323,101 @@ async fn doctor_diagnoses_a_broken_cluster_read_only_then_passes_as_a_kubectl_pl
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Starts `ccm demo --break <scenario>` and returns it once it prints the doctor command.
+fn broken_demo(scenario: &str, kubeconfig: &Path) -> std::process::Child {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args([
+            "demo",
+            "--nodes=4",
+            "--services=2",
+            "--cloud-latency=5ms",
+            "--break",
+            scenario,
+        ])
+        .arg(format!("--kubeconfig-out={}", kubeconfig.display()))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("spawn demo");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let mut seen = String::new();
+    while let Some(Ok(line)) = lines.next() {
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains("ccm doctor --kubeconfig") {
+            // Keep reading, so the demo never writes into a closed pipe.
+            std::thread::spawn(move || lines.for_each(drop));
+            return child;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("demo --break {scenario} ended before it was ready:\n{seen}");
+}
+
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn demo_break_scenarios_are_what_doctor_reports() {
+    let dir = std::env::temp_dir().join(format!("ccm-doctor-break-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    for (scenario, failing) in [
+        (
+            "ccm-down",
+            &[
+                "uninitialized-taint",
+                "ccm-pods",
+                "leader-election",
+                "lb-pending",
+            ][..],
+        ),
+        (
+            "ccm-untolerated",
+            &[
+                "uninitialized-taint",
+                "network-deadlock",
+                "ccm-pods",
+                "leader-election",
+                "lb-pending",
+            ][..],
+        ),
+        ("kubelet-not-external", &["kubelet-cloud-provider"][..]),
+    ] {
+        let kubeconfig = dir.join(format!("{scenario}.kubeconfig"));
+        let _demo = Killed(broken_demo(scenario, &kubeconfig));
+        let out = doctor(&kubeconfig, &["-o", "json", "--grace=0s"]);
+        let (report, f) = findings(&out);
+        assert_eq!(out.status.code(), Some(2), "{scenario}: {report:#}");
+        for id in failing {
+            assert_eq!(f[*id]["verdict"], "fail", "{scenario}: {id}: {:#}", f[*id]);
+        }
+        let failed: Vec<&String> = f.keys().filter(|k| f[*k]["verdict"] == "fail").collect();
+        assert_eq!(
+            failed.len(),
+            failing.len(),
+            "{scenario}: unexpected failures {failed:?}"
+        );
+        if scenario == "kubelet-not-external" {
+            // The demo's CCM really runs: its pod and Lease line up.
+            assert_eq!(f["ccm-pods"]["verdict"], "ok", "{:#}", f["ccm-pods"]);
+            assert_eq!(
+                f["leader-election"]["verdict"], "ok",
+                "{:#}",
+                f["leader-election"]
+            );
+            assert!(text(&f["kubelet-cloud-provider"]).contains("kubelet on node node-00004"));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

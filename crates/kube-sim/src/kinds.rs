@@ -27,7 +27,9 @@ pub struct KindCtx<'a> {
     pub endpoint: Endpoint,
 }
 
-/// ClusterIP and NodePort bookkeeping, like the apiserver's allocators.
+/// ClusterIP and NodePort bookkeeping, like the apiserver's allocators. Cloned for dry runs,
+/// so what a dry run allocates is never taken from the real pools.
+#[derive(Clone)]
 pub struct Allocator {
     cidrs: Vec<IpNet>,
     node_ports: (u16, u16),
@@ -237,6 +239,13 @@ pub fn prepare(ctx: &KindCtx, obj: &mut Value, alloc: &mut Allocator) -> Result<
             crate::rbac::validate_binding(obj, ctx.old, false, &mut errs);
         }
         ids::ROLEBINDINGS => crate::rbac::validate_binding(obj, ctx.old, true, &mut errs),
+        ids::DEPLOYMENTS if ctx.endpoint == Endpoint::Main => {
+            crate::workloads::deployment(ctx, obj, &mut errs);
+        }
+        ids::DAEMONSETS if ctx.endpoint == Endpoint::Main => {
+            crate::workloads::daemonset(ctx, obj, &mut errs);
+        }
+        ids::PODDISRUPTIONBUDGETS => crate::workloads::pdb(obj, &mut errs),
         _ => {}
     }
     if errs.is_empty() {

@@ -6,6 +6,7 @@ mod faults;
 mod kinds;
 mod metrics;
 mod patch;
+mod proto;
 pub mod rbac;
 mod resources;
 mod review;
@@ -15,6 +16,7 @@ mod status;
 mod store;
 mod table;
 mod tls;
+mod workloads;
 
 use std::collections::HashMap;
 use std::convert::Infallible;

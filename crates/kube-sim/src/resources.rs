@@ -432,6 +432,8 @@ pub mod ids {
     pub const NAMESPACES: usize = 2;
     /// core/v1 serviceaccounts.
     pub const SERVICEACCOUNTS: usize = 5;
+    /// core/v1 events.
+    pub const EVENTS: usize = 6;
     /// coordination.k8s.io/v1 leases.
     pub const LEASES: usize = 9;
     /// rbac.authorization.k8s.io/v1 clusterroles.
@@ -442,6 +444,12 @@ pub mod ids {
     pub const ROLES: usize = 14;
     /// rbac.authorization.k8s.io/v1 rolebindings.
     pub const ROLEBINDINGS: usize = 15;
+    /// apps/v1 deployments.
+    pub const DEPLOYMENTS: usize = 16;
+    /// apps/v1 daemonsets.
+    pub const DAEMONSETS: usize = 17;
+    /// policy/v1 poddisruptionbudgets.
+    pub const PODDISRUPTIONBUDGETS: usize = 18;
 }
 
 /// The API groups served under `/apis`, in discovery order.
@@ -465,6 +473,8 @@ mod tests {
         assert_eq!(RESOURCES[ids::SERVICES].plural, "services");
         assert_eq!(RESOURCES[ids::NAMESPACES].plural, "namespaces");
         assert_eq!(RESOURCES[ids::SERVICEACCOUNTS].plural, "serviceaccounts");
+        assert_eq!(RESOURCES[ids::EVENTS].api_version(), "v1");
+        assert_eq!(RESOURCES[ids::EVENTS].plural, "events");
         assert_eq!(RESOURCES[ids::LEASES].plural, "leases");
         assert_eq!(RESOURCES[ids::CLUSTERROLES].plural, "clusterroles");
         assert_eq!(
@@ -473,5 +483,11 @@ mod tests {
         );
         assert_eq!(RESOURCES[ids::ROLES].plural, "roles");
         assert_eq!(RESOURCES[ids::ROLEBINDINGS].plural, "rolebindings");
+        assert_eq!(RESOURCES[ids::DEPLOYMENTS].plural, "deployments");
+        assert_eq!(RESOURCES[ids::DAEMONSETS].plural, "daemonsets");
+        assert_eq!(
+            RESOURCES[ids::PODDISRUPTIONBUDGETS].plural,
+            "poddisruptionbudgets"
+        );
     }
 }

@@ -149,33 +149,179 @@ enum Shape {
     Metadata,
 }
 
-fn shape(headers: &HeaderMap, q: &Query) -> Shape {
+/// The response encoding chosen from `Accept`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Json,
+    Protobuf,
+}
+
+/// What content negotiation settled on, as kube-apiserver negotiates it: media ranges in
+/// q-value order (ties keep the client's order), the first one the server can produce wins.
+#[derive(Clone, Copy)]
+struct Negotiated {
+    shape: Shape,
+    format: Format,
+    /// Whether plain JSON is acceptable too (the fallback when protobuf cannot carry a body).
+    json_ok: bool,
+}
+
+/// One media range of an `Accept` header: (q, position, media type, parameters).
+type MediaRange<'a> = (f32, usize, String, Vec<(&'a str, &'a str)>);
+
+fn media_ranges(accept: &str) -> Vec<MediaRange<'_>> {
+    let mut out: Vec<MediaRange<'_>> = accept
+        .split(',')
+        .enumerate()
+        .filter_map(|(i, part)| {
+            let mut it = part.split(';');
+            let media = it.next()?.trim().to_ascii_lowercase();
+            if media.is_empty() {
+                return None;
+            }
+            let params: Vec<(&str, &str)> = it
+                .filter_map(|p| p.split_once('='))
+                .map(|(k, v)| (k.trim(), v.trim().trim_matches('"')))
+                .collect();
+            let q = params
+                .iter()
+                .find(|(k, _)| *k == "q")
+                .and_then(|(_, v)| v.parse::<f32>().ok())
+                .unwrap_or(1.0);
+            Some((q, i, media, params))
+        })
+        .collect();
+    out.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    out
+}
+
+fn negotiate(headers: &HeaderMap, q: &Query) -> Result<Negotiated, ApiError> {
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    // The first acceptable media type wins, as in the real server's negotiation.
-    for part in accept.split(',') {
-        let p = part.replace(' ', "");
-        if p.contains("as=Table") && p.contains("g=meta.k8s.io") && p.contains("v=v1;")
-            || p.ends_with("as=Table;v=v1;g=meta.k8s.io")
-            || (p.contains("as=Table") && p.contains("v=v1") && !p.contains("v=v1beta1"))
-        {
-            let inc = match q.get("includeObject") {
-                Some("None") => IncludeObject::None,
-                Some("Object") => IncludeObject::Object,
-                _ => IncludeObject::Metadata,
-            };
-            return Shape::Table(inc);
+    let ranges = media_ranges(accept);
+    if ranges.is_empty() {
+        return Ok(Negotiated {
+            shape: Shape::Plain,
+            format: Format::Json,
+            json_ok: true,
+        });
+    }
+    let is_json = |m: &str| matches!(m, "application/json" | "application/*" | "*/*");
+    let json_ok = ranges
+        .iter()
+        .any(|(qv, _, m, ps)| *qv > 0.0 && is_json(m) && !ps.iter().any(|(k, _)| *k == "as"));
+    for (qv, _, media, params) in &ranges {
+        if *qv <= 0.0 {
+            continue;
         }
-        if p.contains("as=PartialObjectMetadata") && p.contains("g=meta.k8s.io") {
-            return Shape::Metadata;
+        let format = match media.as_str() {
+            m if is_json(m) => Format::Json,
+            crate::proto::MEDIA_TYPE => Format::Protobuf,
+            _ => continue,
+        };
+        let param = |k: &str| params.iter().find(|(kk, _)| *kk == k).map(|(_, v)| *v);
+        let meta_group = param("g").is_none_or(|g| g == "meta.k8s.io");
+        let shape = match param("as") {
+            None => Shape::Plain,
+            // Tables exist in JSON only, as with kube-apiserver.
+            Some("Table") if format == Format::Json && meta_group && param("v") == Some("v1") => {
+                Shape::Table(match q.get("includeObject") {
+                    Some("None") => IncludeObject::None,
+                    Some("Object") => IncludeObject::Object,
+                    _ => IncludeObject::Metadata,
+                })
+            }
+            Some("PartialObjectMetadata" | "PartialObjectMetadataList")
+                if param("g") == Some("meta.k8s.io") =>
+            {
+                Shape::Metadata
+            }
+            Some(_) => continue,
+        };
+        return Ok(Negotiated {
+            shape,
+            format,
+            json_ok,
+        });
+    }
+    Err(ApiError::not_acceptable())
+}
+
+/// A request body as JSON: protobuf bodies are transcoded, other media types get 415.
+/// PATCH bodies are left to the patch code, which knows the patch media types.
+fn json_body(verb: Verb, body: Bytes, content_type: &str) -> Result<Bytes, ApiError> {
+    let media = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    if verb == Verb::Patch || body.is_empty() || matches!(media.as_str(), "" | "application/json") {
+        return Ok(body);
+    }
+    if media != crate::proto::MEDIA_TYPE {
+        return Err(ApiError::unsupported_body_type(content_type));
+    }
+    let obj = crate::proto::decode_object(&body)
+        .map_err(|e| ApiError::bad_request(format!("the object provided is unrecognized: {e}")))?;
+    Ok(Bytes::from(serde_json::to_vec(&obj).unwrap_or_default()))
+}
+
+/// Re-encodes a JSON API response as protobuf: objects, lists and Status in the `k8s\0`
+/// envelope, watch streams as length-prefixed WatchEvent frames. Bodies protobuf cannot carry
+/// (no message for the kind) stay JSON when the client accepts JSON, else 406.
+async fn to_protobuf(resp: Response<Body>, watch: bool, json_ok: bool) -> Response<Body> {
+    use futures::StreamExt as _;
+    let ct = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if !ct.starts_with("application/json") || ct.contains("as=Table") {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    if watch && parts.status == StatusCode::OK {
+        let frames = body
+            .into_data_stream()
+            .map(|chunk| chunk.map(|b| Bytes::from(crate::proto::watch_lines_to_frames(&b))));
+        parts.headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(crate::proto::WATCH_MEDIA_TYPE),
+        );
+        return Response::from_parts(parts, Body::from_stream(frames));
+    }
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return error_resp(&ApiError::internal("reading the response body"));
+    };
+    let encoded = serde_json::from_slice::<Value>(&bytes)
+        .map_err(|e| crate::proto::CodecError(e.to_string()))
+        .and_then(|v| crate::proto::encode_object(&v));
+    match encoded {
+        Ok(b) => {
+            parts.headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(crate::proto::MEDIA_TYPE),
+            );
+            parts.headers.remove(header::CONTENT_LENGTH);
+            Response::from_parts(parts, Body::from(b))
         }
-        if p.starts_with("application/json") || p.starts_with("*/*") || p.is_empty() {
-            return Shape::Plain;
+        Err(_) if json_ok => Response::from_parts(parts, Body::from(bytes)),
+        Err(e) => {
+            tracing::debug!(error = %e, "kube-sim: response not encodable as protobuf");
+            let status = ApiError::not_acceptable();
+            match crate::proto::encode_object(&status.to_status()) {
+                Ok(b) => {
+                    let mut r = json_bytes(406, Bytes::from(b), crate::proto::MEDIA_TYPE);
+                    *r.status_mut() = StatusCode::NOT_ACCEPTABLE;
+                    r
+                }
+                Err(_) => error_resp(&status),
+            }
         }
     }
-    Shape::Plain
 }
 
 fn to_metadata(obj: &Value) -> Value {
@@ -245,8 +391,35 @@ impl Shared {
         }
     }
 
-    /// Entry point for every request.
+    /// Entry point for every request: content negotiation around [`Self::handle_json`],
+    /// which speaks JSON only.
     pub(crate) async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<Body>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let path = req.uri().path();
+        if !(path == "/api" || path.starts_with("/api/") || path.starts_with("/apis")) {
+            return self.handle_json(req, None).await;
+        }
+        let q = Query::parse(req.uri().query());
+        let neg = match negotiate(req.headers(), &q) {
+            Ok(n) => n,
+            Err(e) => return error_resp(&e),
+        };
+        let watch = req.method() == Method::GET && q.flag("watch");
+        let resp = self.handle_json(req, Some(neg.shape)).await;
+        match neg.format {
+            Format::Json => resp,
+            Format::Protobuf => to_protobuf(resp, watch, neg.json_ok).await,
+        }
+    }
+
+    async fn handle_json<B>(
+        self: Arc<Self>,
+        req: Request<B>,
+        shape: Option<Shape>,
+    ) -> Response<Body>
     where
         B: hyper::body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -385,7 +558,14 @@ impl Shared {
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("application/json")
                     .to_string();
-                let shape = shape(&parts.headers, &q);
+                let body = match json_body(verb, body, &content_type) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        self.count(verb, &target, e.code, &client, &user);
+                        return error_resp(&e);
+                    }
+                };
+                let shape = shape.unwrap_or(Shape::Plain);
                 match self
                     .clone()
                     .dispatch(verb, &target, &q, body, &content_type, shape)
@@ -514,27 +694,44 @@ impl Shared {
                 }
                 let obj = parse_body(&body)?;
                 check_type(desc, &obj)?;
-                let out = store.create(t.res, &ns, obj)?;
+                let out = store.create_opts(t.res, &ns, obj, dry_run(q)?)?;
                 Ok(render_one(t.res, 201, &out, shape))
             }
             Verb::Update => {
                 let name = t.name.as_deref().unwrap_or_default();
                 let obj = parse_body(&body)?;
                 check_type(desc, &obj)?;
-                let out = store.update(t.res, &ns, name, endpoint, &mut |_| Ok(obj.clone()))?;
+                let out = store.update_opts(
+                    t.res,
+                    &ns,
+                    name,
+                    endpoint,
+                    &mut |_| Ok(obj.clone()),
+                    dry_run(q)?,
+                )?;
                 Ok(render_one(t.res, 200, &out, shape))
             }
             Verb::Patch => {
                 let name = t.name.as_deref().unwrap_or_default();
                 let ty = PatchType::from_content_type(content_type)?;
-                let out = store.update(t.res, &ns, name, endpoint, &mut |cur| {
-                    patch::apply(desc, cur, ty, &body)
-                })?;
+                let out = store.update_opts(
+                    t.res,
+                    &ns,
+                    name,
+                    endpoint,
+                    &mut |cur| patch::apply(desc, cur, ty, &body),
+                    dry_run(q)?,
+                )?;
                 Ok(render_one(t.res, 200, &out, shape))
             }
             Verb::Delete => {
                 let name = t.name.as_deref().unwrap_or_default();
                 let pre = delete_preconditions(&body, q)?;
+                if dry_run(q)? {
+                    // What would be deleted, left in place.
+                    let obj = store.get(t.res, &ns, name)?;
+                    return Ok(render_one(t.res, 200, &obj, shape));
+                }
                 match store.delete(t.res, &ns, name, &pre)? {
                     Deleted::Pending(obj) => Ok(render_one(t.res, 200, &obj, shape)),
                     Deleted::Gone(obj) => {
@@ -798,6 +995,24 @@ fn request_attributes(user: &UserInfo, verb: Verb, t: &Target, q: &Query) -> Att
         t.ns.as_deref().unwrap_or_default(),
         &name,
     )
+}
+
+/// `?dryRun=All`: validate, default and answer, never persist. Any other value is rejected
+/// as kube-apiserver rejects it.
+fn dry_run(q: &Query) -> Result<bool, ApiError> {
+    let values: Vec<&str> =
+        q.0.iter()
+            .filter(|(k, _)| k == "dryRun")
+            .map(|(_, v)| v.as_str())
+            .collect();
+    match values.as_slice() {
+        [] => Ok(false),
+        ["All"] => Ok(true),
+        other => Err(ApiError::bad_request(format!(
+            "Invalid dry run value: {:?}; supported values: \"All\"",
+            other.join(",")
+        ))),
+    }
 }
 
 fn verb_guess(m: &Method) -> Verb {

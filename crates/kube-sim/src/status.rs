@@ -370,6 +370,29 @@ impl ApiError {
         )
     }
 
+    /// 415 for a request body in a media type kube-sim cannot read (`NewUnsupportedMediaTypeError`).
+    pub fn unsupported_body_type(content_type: &str) -> Self {
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: \
+                 application/json, application/vnd.kubernetes.protobuf (kube-sim reads no YAML or \
+                 CBOR bodies; got {content_type:?})"
+            ),
+        )
+    }
+
+    /// 406 when no media type in `Accept` can be served (`NewNotAcceptableError`).
+    pub fn not_acceptable() -> Self {
+        Self::new(
+            406,
+            "NotAcceptable",
+            "only the following media types are accepted: application/json, \
+             application/vnd.kubernetes.protobuf",
+        )
+    }
+
     /// 429 with `Retry-After`, as kube-apiserver's max-in-flight filter sends it.
     pub fn too_many_requests(retry_after: u32) -> Self {
         Self {

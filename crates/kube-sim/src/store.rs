@@ -274,7 +274,19 @@ impl Store {
     }
 
     /// Creates an object (POST).
-    pub fn create(&self, res: usize, ns: &str, mut obj: Value) -> Result<Arc<Value>, ApiError> {
+    pub fn create(&self, res: usize, ns: &str, obj: Value) -> Result<Arc<Value>, ApiError> {
+        self.create_opts(res, ns, obj, false)
+    }
+
+    /// Creates an object, or with `dry_run` (`?dryRun=All`) validates and defaults it exactly
+    /// as a create would and returns the result without storing it.
+    pub fn create_opts(
+        &self,
+        res: usize,
+        ns: &str,
+        mut obj: Value,
+        dry_run: bool,
+    ) -> Result<Arc<Value>, ApiError> {
         let desc = &RESOURCES[res];
         if !obj.is_object() {
             return Err(ApiError::bad_request("the object provided is unrecognized"));
@@ -344,6 +356,10 @@ impl Store {
             endpoint: Endpoint::Main,
         };
         let inner = &mut *g;
+        if dry_run {
+            kinds::prepare(&ctx, &mut obj, &mut inner.alloc.clone())?;
+            return Ok(Arc::new(obj));
+        }
         kinds::prepare(&ctx, &mut obj, &mut inner.alloc)?;
         inner.rv += 1;
         let rv = inner.rv;
@@ -430,14 +446,16 @@ impl Store {
     }
 
     /// Updates an object: `f` maps the current object to the requested one (PUT body or patch
-    /// result); the store then applies kube-apiserver's update rules.
-    pub fn update(
+    /// result); the store then applies kube-apiserver's update rules. With `dry_run`
+    /// (`?dryRun=All`) everything but storing the result.
+    pub fn update_opts(
         &self,
         res: usize,
         ns: &str,
         name: &str,
         endpoint: Endpoint,
         f: &mut dyn FnMut(&Value) -> Result<Value, ApiError>,
+        dry_run: bool,
     ) -> Result<Arc<Value>, ApiError> {
         let desc = &RESOURCES[res];
         let key = (ns.to_string(), name.to_string());
@@ -555,6 +573,10 @@ impl Store {
             endpoint,
         };
         let inner = &mut *g;
+        if dry_run {
+            kinds::prepare(&ctx, &mut new, &mut inner.alloc.clone())?;
+            return Ok(Arc::new(new));
+        }
         kinds::prepare(&ctx, &mut new, &mut inner.alloc)?;
         if desc.has_spec && new.get("spec") != old.get("spec") {
             let gen_ = meta(&old)

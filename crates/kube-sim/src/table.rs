@@ -1,7 +1,8 @@
 //! Server-side printing (`meta.k8s.io/v1` Table), which `kubectl get` asks for.
 //!
 //! kubectl renders whatever columns the server sends, so the columns here follow the real
-//! server's printers for the kinds people look at (nodes, services, namespaces) and fall back
+//! server's printers for the kinds people look at (nodes, services, namespaces, leases, core
+//! events) and fall back
 //! to Name + Age elsewhere.
 
 use serde_json::{Value, json};
@@ -41,6 +42,18 @@ fn columns(res: usize) -> Vec<Value> {
             col("Name", "string", "name", 0),
             col("Holder", "string", "", 0),
             col("Age", "string", "", 0),
+        ],
+        ids::EVENTS => vec![
+            col("Last Seen", "string", "", 0),
+            col("Type", "string", "", 0),
+            col("Reason", "string", "", 0),
+            col("Object", "string", "", 0),
+            col("Subobject", "string", "", 1),
+            col("Source", "string", "", 1),
+            col("Message", "string", "", 0),
+            col("First Seen", "string", "", 1),
+            col("Count", "string", "", 1),
+            col("Name", "string", "name", 1),
         ],
         _ => vec![
             col("Name", "string", "name", 0),
@@ -92,8 +105,13 @@ pub fn human_duration(secs: i64) -> String {
 }
 
 fn age(obj: &Value) -> String {
+    since(obj, "/metadata/creationTimestamp")
+}
+
+/// How long ago the timestamp at `pointer` was, as kubectl prints ages.
+fn since(obj: &Value, pointer: &str) -> String {
     let ts = obj
-        .pointer("/metadata/creationTimestamp")
+        .pointer(pointer)
         .and_then(Value::as_str)
         .and_then(|s| s.parse::<jiff::Timestamp>().ok());
     match ts {
@@ -209,10 +227,68 @@ fn service_cells(obj: &Value) -> Vec<Value> {
     ]
 }
 
+/// The real server's event printer: times fall back from `lastTimestamp` to `eventTime`
+/// (events.k8s.io writers set only that) and to creation.
+fn event_cells(obj: &Value) -> Vec<Value> {
+    let first_set = |ps: &[&str]| {
+        ps.iter()
+            .copied()
+            .find(|p| {
+                obj.pointer(p)
+                    .and_then(Value::as_str)
+                    .is_some_and(|s| !s.is_empty())
+            })
+            .map(|p| since(obj, p))
+            .unwrap_or_else(|| "<unknown>".into())
+    };
+    let last = first_set(&[
+        "/series/lastObservedTime",
+        "/lastTimestamp",
+        "/eventTime",
+        "/metadata/creationTimestamp",
+    ]);
+    let first = first_set(&[
+        "/firstTimestamp",
+        "/eventTime",
+        "/metadata/creationTimestamp",
+    ]);
+    let object = format!(
+        "{}/{}",
+        str_at(obj, "/involvedObject/kind").to_lowercase(),
+        str_at(obj, "/involvedObject/name")
+    );
+    let mut source = str_at(obj, "/source/component").to_string();
+    if source.is_empty() {
+        source = str_at(obj, "/reportingComponent").to_string();
+    }
+    let host = str_at(obj, "/source/host");
+    if !host.is_empty() {
+        source = format!("{source}, {host}");
+    }
+    let count = obj
+        .pointer("/series/count")
+        .or_else(|| obj.get("count"))
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    vec![
+        json!(last),
+        json!(str_at(obj, "/type")),
+        json!(str_at(obj, "/reason")),
+        json!(object),
+        json!(str_at(obj, "/involvedObject/fieldPath")),
+        json!(source),
+        json!(str_at(obj, "/message").trim()),
+        json!(first),
+        json!(count.to_string()),
+        json!(str_at(obj, "/metadata/name")),
+    ]
+}
+
 fn cells(res: usize, obj: &Value) -> Vec<Value> {
     match res {
         ids::NODES => node_cells(obj),
         ids::SERVICES => service_cells(obj),
+        ids::EVENTS => event_cells(obj),
         ids::NAMESPACES => vec![
             json!(str_at(obj, "/metadata/name")),
             json!(str_at(obj, "/status/phase")),

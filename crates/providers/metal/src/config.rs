@@ -34,6 +34,9 @@ pub struct MetalConfigFile {
     /// LoadBalancer address pools.
     #[serde(default)]
     pub pools: Vec<PoolConfig>,
+    /// LoadBalancer behaviour.
+    #[serde(default)]
+    pub load_balancer: LoadBalancerOptions,
     /// Kernel pod-CIDR routes on the host the CCM runs on.
     pub routes: Option<RoutesConfig>,
 }
@@ -46,6 +49,16 @@ pub struct BmcOptions {
     pub concurrency: Option<usize>,
     /// Per-request timeout in milliseconds (default 5000).
     pub timeout_ms: Option<u64>,
+}
+
+/// `[load_balancer]`: how assigned addresses are published.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadBalancerOptions {
+    /// Also write the assigned addresses to the `kube-vip.io/loadbalancerIPs` annotation,
+    /// which is what kube-vip's service watcher announces (it does not read the status).
+    #[serde(default)]
+    pub kube_vip_annotation: bool,
 }
 
 /// `[[machines]]`: one machine, or every machine whose node name matches `pattern`.
@@ -97,8 +110,12 @@ pub struct BmcConfig {
     pub system: Option<String>,
     /// User name for HTTP basic auth.
     pub username: Option<String>,
-    /// File holding the password (e.g. a mounted Secret key); read at every reload, never logged.
+    /// File holding the password (e.g. a mounted Secret key); read at each request, never
+    /// logged.
     pub password_file: Option<PathBuf>,
+    /// `namespace/name` of a Secret with keys `password` and (optionally) `username`; read
+    /// through the API at each request. Needs `get` on that Secret.
+    pub credentials_secret: Option<String>,
 }
 
 /// `[[pools]]`: an address pool for LoadBalancer Services.
@@ -185,6 +202,8 @@ pub struct MetalConfig {
     pub bmc_timeout: Duration,
     /// Routes, if enabled.
     pub routes: Option<RoutesSettings>,
+    /// Write `kube-vip.io/loadbalancerIPs` after assigning.
+    pub kube_vip_annotation: bool,
 }
 
 /// Checked `[routes]`.
@@ -269,6 +288,7 @@ impl MetalConfig {
             bmc_concurrency,
             bmc_timeout,
             routes,
+            kube_vip_annotation: file.load_balancer.kube_vip_annotation,
         })
     }
 }
@@ -372,6 +392,23 @@ fn check_bmc(i: usize, bmc: &BmcConfig) -> Result<(), ConfigError> {
     if let Some(ca) = &bmc.ca_file {
         crate::tls::client_config(Some(ca), false)
             .map_err(|e| ConfigError::field(format!("machines[{i}].bmc.ca_file"), e))?;
+    }
+    if let Some(secret) = &bmc.credentials_secret {
+        let ok = secret
+            .split_once('/')
+            .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'));
+        if !ok {
+            return Err(ConfigError::field(
+                format!("machines[{i}].bmc.credentials_secret"),
+                format!("\"namespace/name\" of a Secret; got {secret:?}"),
+            ));
+        }
+        if bmc.password_file.is_some() {
+            return Err(ConfigError::field(
+                format!("machines[{i}].bmc.credentials_secret"),
+                "either credentials_secret or password_file, not both",
+            ));
+        }
     }
     if bmc.password_file.is_some() && bmc.username.is_none() {
         return Err(ConfigError::field(

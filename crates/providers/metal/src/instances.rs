@@ -6,6 +6,8 @@ use ccm_cloud::{
     node_provider_id,
 };
 use futures::future::join_all;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
 
 use crate::config::Machine;
 use crate::provider::{MetalCloud, PROVIDER_NAME, provider_id};
@@ -47,7 +49,14 @@ impl MetalCloud {
                 shutdown: false,
             });
         };
-        match self.inner.redfish.power(bmc, &name).await {
+        let credentials = match &bmc.credentials_secret {
+            Some(secret) => Some(
+                self.bmc_credentials(secret, bmc.username.as_deref())
+                    .await?,
+            ),
+            None => None,
+        };
+        match self.inner.redfish.power_as(bmc, &name, credentials).await {
             Ok(Power::On) => Ok(InstanceStatus {
                 exists: true,
                 shutdown: false,
@@ -65,6 +74,44 @@ impl MetalCloud {
                 Err(CloudError::Transient(format!("machine {name}: {e}")))
             }
         }
+    }
+}
+
+impl MetalCloud {
+    /// `(user, password)` from the Secret `namespace/name`. Failing to read it is an error,
+    /// never "gone".
+    async fn bmc_credentials(
+        &self,
+        secret: &str,
+        default_user: Option<&str>,
+    ) -> CloudResult<(String, String)> {
+        let (ns, name) = secret.split_once('/').unwrap_or(("", secret));
+        let client = self.client().ok_or_else(|| {
+            CloudError::Transient("metal provider not initialized: cannot read BMC Secrets".into())
+        })?;
+        let s = Api::<Secret>::namespaced(client, ns)
+            .get(name)
+            .await
+            .map_err(|e| CloudError::Transient(format!("reading BMC Secret {secret}: {e}")))?;
+        let data = s.data.unwrap_or_default();
+        let field = |k: &str| {
+            data.get(k).map(|b| {
+                String::from_utf8_lossy(&b.0)
+                    .trim_end_matches(['\n', '\r'])
+                    .to_string()
+            })
+        };
+        let password = field("password").ok_or_else(|| {
+            CloudError::Permanent(format!("BMC Secret {secret} has no \"password\" key"))
+        })?;
+        let user = field("username")
+            .or_else(|| default_user.map(str::to_string))
+            .ok_or_else(|| {
+                CloudError::Permanent(format!(
+                    "BMC Secret {secret} has no \"username\" key and the machine's bmc.username is unset"
+                ))
+            })?;
+        Ok((user, password))
     }
 }
 

@@ -106,15 +106,29 @@ impl Redfish {
 
     /// The power state of the System `bmc` names for `node`.
     pub async fn power(&self, bmc: &BmcConfig, node: &str) -> Result<Power, BmcError> {
+        self.power_as(bmc, node, None).await
+    }
+
+    /// As [`Redfish::power`], with `(user, password)` from elsewhere (a Secret) instead of
+    /// the config's `username` / `password_file`.
+    pub async fn power_as(
+        &self,
+        bmc: &BmcConfig,
+        node: &str,
+        credentials: Option<(String, String)>,
+    ) -> Result<Power, BmcError> {
         let _permit = self.permits.acquire().await.map_err(|_| BmcError::Failed {
             endpoint: bmc.endpoint.clone(),
             message: "client closed".into(),
         })?;
         let url = system_url(bmc, node);
-        let auth = basic_auth(bmc).map_err(|message| BmcError::Failed {
-            endpoint: bmc.endpoint.clone(),
-            message,
-        })?;
+        let auth = match credentials {
+            Some((user, password)) => Some(encode_basic(&user, &password)),
+            None => basic_auth(bmc).map_err(|message| BmcError::Failed {
+                endpoint: bmc.endpoint.clone(),
+                message,
+            })?,
+        };
         let client = self.client(bmc).map_err(|message| BmcError::Failed {
             endpoint: bmc.endpoint.clone(),
             message,
@@ -224,8 +238,12 @@ fn basic_auth(bmc: &BmcConfig) -> Result<Option<String>, String> {
             .to_string(),
         None => String::new(),
     };
+    Ok(Some(encode_basic(user, &password)))
+}
+
+fn encode_basic(user: &str, password: &str) -> String {
     let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-    Ok(Some(format!("Basic {token}")))
+    format!("Basic {token}")
 }
 
 fn parse_power(body: &[u8]) -> Result<Power, String> {

@@ -225,3 +225,79 @@ async fn pools_requests_sharing_exhaustion_and_restart() {
     .await;
     ccm.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_vip_annotation_publishes_auto_assigned_addresses() {
+    let dir = TempDir::new("lb-kv");
+    let (_kube, kubeconfig, client) = kube_sim(&dir.0).await;
+    let cloud_config = dir.0.join("metal.toml");
+    std::fs::write(
+        &cloud_config,
+        format!("{CONFIG}\n[load_balancer]\nkube_vip_annotation = true\n"),
+    )
+    .expect("config");
+    let ccm = Ccm::start(&kubeconfig, &cloud_config, &["--controllers=service"])
+        .await
+        .expect("ccm starts");
+    let api: Api<Service> = Api::namespaced(client.clone(), "default");
+    api.create(&PostParams::default(), &service("web", &[], &[(80, "TCP")]))
+        .await
+        .expect("web");
+    wait_for(
+        "kube-vip annotation equals the assigned address",
+        || async {
+            let svc = api.get("web").await.expect("web");
+            let note = svc
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .get("kube-vip.io/loadbalancerIPs")
+                .cloned();
+            note.is_some() && note == ingress(&api, "web").await.first().cloned()
+        },
+    )
+    .await;
+    assert_eq!(ingress(&api, "web").await, vec!["192.0.2.10"]);
+    ccm.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_services_get_one_address_per_family() {
+    let dir = TempDir::new("lb-ds");
+    let config = ccm_kube_sim::Config {
+        service_cidrs: vec![
+            "10.96.0.0/12".parse().expect("cidr"),
+            "fd00:96::/112".parse().expect("cidr"),
+        ],
+        ..Default::default()
+    };
+    let (_kube, kubeconfig, client) = kube_sim_with(&dir.0, config).await;
+    let cloud_config = dir.0.join("metal.toml");
+    std::fs::write(
+        &cloud_config,
+        "[[pools]]\nname = \"v4\"\naddresses = [\"192.0.2.0/30\"]\n[[pools]]\nname = \"v6\"\naddresses = [\"2001:db8:5::/126\"]\n",
+    )
+    .expect("config");
+    let ccm = Ccm::start(&kubeconfig, &cloud_config, &["--controllers=service"])
+        .await
+        .expect("ccm starts");
+    let api: Api<Service> = Api::namespaced(client.clone(), "default");
+    let mut dual = service("dual", &[], &[(80, "TCP")]);
+    dual.spec.as_mut().expect("spec").ip_family_policy = Some("RequireDualStack".into());
+    api.create(&PostParams::default(), &dual)
+        .await
+        .expect("dual");
+    let mut v6 = service("v6only", &[], &[(80, "TCP")]);
+    v6.spec.as_mut().expect("spec").ip_families = Some(vec!["IPv6".into()]);
+    api.create(&PostParams::default(), &v6).await.expect("v6");
+    wait_for("both Services get addresses", || async {
+        !ingress(&api, "dual").await.is_empty() && !ingress(&api, "v6only").await.is_empty()
+    })
+    .await;
+    assert_eq!(
+        ingress(&api, "dual").await,
+        vec!["192.0.2.0", "2001:db8:5::"]
+    );
+    assert_eq!(ingress(&api, "v6only").await, vec!["2001:db8:5::1"]);
+    ccm.stop().await;
+}

@@ -215,14 +215,19 @@ fn restart_reasons(p: &Pod) -> Vec<String> {
 }
 
 /// How a pod is doing, in one line, for other checks' evidence.
-pub fn pod_state(snap: &Snapshot, p: &Pod) -> String {
-    let (_, why) = assess(snap, p);
+pub fn pod_state(p: &Pod) -> String {
     let base = format!("pod {}: {}", full_name(p), phase(p));
-    match (node_name(p), why.is_empty()) {
-        (Some(n), true) => format!("{base} on node {n}"),
-        (_, true) => base,
-        (_, false) => format!("{base} — {}", why.join("; ")),
+    match node_name(p) {
+        Some(n) => format!("{base} on node {n}"),
+        None => format!("{base}, not scheduled"),
     }
+}
+
+/// The pod's line followed by its reasons, indented.
+fn pod_evidence(p: &Pod, why: &[String]) -> Vec<String> {
+    std::iter::once(pod_state(p))
+        .chain(why.iter().map(|w| format!("  {w}")))
+        .collect()
 }
 
 /// The verdict for one CCM pod and the reasons behind it.
@@ -306,7 +311,10 @@ pub fn ccm_pods(snap: &Snapshot) -> Finding {
         (_, Verdict::Ok) => Verdict::Ok,
         _ => Verdict::Warn,
     };
-    let evidence: Vec<String> = pods.iter().map(|(p, _)| pod_state(snap, p)).collect();
+    let evidence: Vec<String> = assessed
+        .iter()
+        .flat_map(|(p, _, why)| pod_evidence(p, why))
+        .collect();
     let summary = format!(
         "{healthy} of {} cloud-controller-manager pods in {ns} running",
         pods.len()
@@ -490,7 +498,7 @@ pub fn leader_election(snap: &Snapshot) -> Finding {
             format!("Lease {lease_ref} is held by {holder}, which is none of the running CCM pods"),
         )
         .evidence([evidence])
-        .evidence(pods.iter().map(|(p, _)| pod_state(snap, p)))
+        .evidence(pods.iter().map(|(p, _)| pod_state(p)))
         .fix("another CCM (an old Deployment, another namespace, a process outside the cluster) leads: find and remove it, or the pods above never act"),
     }
 }

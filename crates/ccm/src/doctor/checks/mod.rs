@@ -39,6 +39,24 @@ fn list_some(lines: impl IntoIterator<Item = String>) -> Vec<String> {
     out
 }
 
+/// Folds "node X: same text" lines into one line per text, in first-seen order, so a thousand
+/// nodes stuck the same way read as one line.
+fn group_nodes<'a>(items: impl IntoIterator<Item = (&'a str, String)>) -> Vec<String> {
+    let mut groups: Vec<(String, Vec<&str>)> = Vec::new();
+    for (node, text) in items {
+        match groups.iter_mut().find(|(t, _)| *t == text) {
+            Some((_, names)) => names.push(node),
+            None => groups.push((text, vec![node])),
+        }
+    }
+    let lines = groups.into_iter().map(|(text, names)| match names.len() {
+        1 => format!("node {}: {text}", names[0]),
+        n if n <= 3 => format!("nodes {}: {text}", names.join(", ")),
+        n => format!("nodes {} and {} more: {text}", names[..3].join(", "), n - 3),
+    });
+    list_some(lines)
+}
+
 fn name(n: &Node) -> &str {
     n.metadata.name.as_deref().unwrap_or_default()
 }

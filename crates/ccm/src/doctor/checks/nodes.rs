@@ -6,7 +6,7 @@ use ccm_controllers::nodeutil::{
 };
 use k8s_openapi::api::core::v1::Node;
 
-use super::{ccm, list_some, name};
+use super::{ccm, group_nodes, list_some, name};
 use crate::doctor::report::{Finding, Verdict};
 use crate::doctor::snapshot::{Snapshot, human};
 
@@ -58,10 +58,10 @@ pub fn uninitialized_taint(snap: &Snapshot) -> Finding {
         human(longest)
     )
     .replace(" )", ")");
-    let evidence = list_some(
+    let evidence = group_nodes(
         tainted
             .iter()
-            .map(|(n, d)| format!("node {}: tainted for {}", name(n), human(*d))),
+            .map(|(n, d)| (name(n), format!("tainted for {}", human(*d)))),
     );
     let mut f = Finding::new(ID_TAINT, verdict, summary).evidence(evidence);
     if stuck {
@@ -113,11 +113,7 @@ pub fn network_deadlock(snap: &Snapshot) -> Finding {
             "no node is both NotReady and uninitialized",
         );
     }
-    let mut evidence = list_some(
-        stuck
-            .iter()
-            .map(|n| format!("node {}: {}", name(n), ready_reason(n))),
-    );
+    let mut evidence = group_nodes(stuck.iter().map(|n| (name(n), ready_reason(n))));
     let pods = snap.ccm_pods();
     if pods.is_empty() {
         evidence.push(format!(
@@ -125,7 +121,7 @@ pub fn network_deadlock(snap: &Snapshot) -> Finding {
             snap.settings.namespace
         ));
     }
-    evidence.extend(pods.iter().map(|(p, _)| ccm::pod_state(snap, p)));
+    evidence.extend(pods.iter().map(|(p, _)| ccm::pod_state(p)));
     let target = pods
         .first()
         .map(|(p, _)| ccm::owner_hint(p))

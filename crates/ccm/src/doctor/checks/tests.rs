@@ -259,7 +259,7 @@ fn pending_ccm_pod_names_the_untolerated_taint() {
     let f = ccm::ccm_pods(&snap);
     assert_eq!(f.verdict, Verdict::Fail);
     assert!(
-        f.evidence[0].contains(&format!(
+        f.evidence.join("\n").contains(&format!(
             "taint {UNINIT}:NoSchedule not tolerated (2 of 2 nodes)"
         )),
         "{f:?}"
@@ -285,7 +285,8 @@ fn pending_ccm_pod_names_selector_and_image_problems() {
     snap.system_pods = Ok(vec![pod]);
     let f = ccm::ccm_pods(&snap);
     assert!(
-        f.evidence[0]
+        f.evidence
+            .join("\n")
             .contains("nodeSelector node-role.kubernetes.io/control-plane= matches no node"),
         "{f:?}"
     );
@@ -303,7 +304,9 @@ fn pending_ccm_pod_names_selector_and_image_problems() {
     let f = ccm::ccm_pods(&snap);
     assert_eq!(f.verdict, Verdict::Fail);
     assert!(
-        f.evidence[0].contains("image pull of ccm-rs:typo fails: ImagePullBackOff"),
+        f.evidence
+            .join("\n")
+            .contains("image pull of ccm-rs:typo fails: ImagePullBackOff"),
         "{f:?}"
     );
 }
@@ -320,7 +323,9 @@ fn crashlooping_ccm_pod_fails_with_its_last_exit() {
     let f = ccm::ccm_pods(&snap);
     assert_eq!(f.verdict, Verdict::Fail);
     assert!(
-        f.evidence[0].contains("restarted 7 times, CrashLoopBackOff, last exit 1 (Error)"),
+        f.evidence
+            .join("\n")
+            .contains("restarted 7 times, CrashLoopBackOff, last exit 1 (Error)"),
         "{f:?}"
     );
     assert!(
@@ -596,4 +601,22 @@ fn metrics_target_is_the_leader_pods_secure_port() {
     );
     snap.system_pods = Ok(vec![ccm_pod("ccm-a", &["--secure-port=0"])]);
     assert!(crate::doctor::metrics_target(&snap).is_err());
+}
+
+#[test]
+fn nodes_stuck_the_same_way_fold_into_one_line() {
+    let mut snap = healthy();
+    snap.nodes = (0..5)
+        .map(|i| tainted(&format!("n{i}"), 600, false))
+        .collect();
+    let f = nodes::network_deadlock(&snap);
+    assert_eq!(
+        f.evidence[0],
+        "nodes n0, n1, n2 and 2 more: Ready=False (KubeletNotReady: m)"
+    );
+    let f = nodes::uninitialized_taint(&snap);
+    assert_eq!(
+        f.evidence,
+        vec!["nodes n0, n1, n2 and 2 more: tainted for 10m00s".to_string()]
+    );
 }

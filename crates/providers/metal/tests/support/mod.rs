@@ -103,8 +103,40 @@ impl Sushy {
 
     /// As [`Sushy::start`], serving HTTPS with `(cert PEM, key PEM)` when given.
     pub fn start_with(systems: &[(&str, &str, &str)], tls: Option<(&str, &str)>) -> Self {
+        Self::start_full(systems, tls, None)
+    }
+
+    /// As [`Sushy::start_with`], requiring HTTP basic auth `(user, password)` when given.
+    pub fn start_full(
+        systems: &[(&str, &str, &str)],
+        tls: Option<(&str, &str)>,
+        auth: Option<(&str, &str)>,
+    ) -> Self {
         let dir = TempDir::new("sushy");
         let mut tls_conf = String::new();
+        if let Some((user, password)) = auth {
+            // sushy-tools reads an htpasswd file with bcrypt digests; bcrypt comes with it.
+            let python = find_tool("sushy-emulator").with_file_name("python3");
+            let out = Command::new(&python)
+                .args(["-c", "import bcrypt,sys; print(bcrypt.hashpw(sys.argv[1].encode(), bcrypt.gensalt(4)).decode())", password])
+                .output()
+                .expect("python3 next to sushy-emulator");
+            assert!(
+                out.status.success(),
+                "bcrypt: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let file = dir.0.join("htpasswd");
+            std::fs::write(
+                &file,
+                format!("{user}:{}", String::from_utf8_lossy(&out.stdout).trim()),
+            )
+            .expect("htpasswd");
+            tls_conf.push_str(&format!(
+                "SUSHY_EMULATOR_AUTH_FILE = '{}'\n",
+                file.display()
+            ));
+        }
         if let Some((cert, key)) = tls {
             let (c, k) = (dir.0.join("cert.pem"), dir.0.join("key.pem"));
             std::fs::write(&c, cert).expect("cert");
@@ -247,9 +279,15 @@ impl Ccm {
 
 /// kube-sim with a kubeconfig on disk.
 pub async fn kube_sim(dir: &Path) -> (KubeSim, PathBuf, kube::Client) {
-    let sim = KubeSim::start(ccm_kube_sim::Config::default())
-        .await
-        .expect("kube-sim");
+    kube_sim_with(dir, ccm_kube_sim::Config::default()).await
+}
+
+/// As [`kube_sim`] with a custom config (e.g. dual-stack Service CIDRs).
+pub async fn kube_sim_with(
+    dir: &Path,
+    config: ccm_kube_sim::Config,
+) -> (KubeSim, PathBuf, kube::Client) {
+    let sim = KubeSim::start(config).await.expect("kube-sim");
     let kubeconfig = dir.join("kubeconfig");
     sim.write_kubeconfig(&kubeconfig).expect("kubeconfig");
     let client = sim.client().expect("client");
