@@ -15,7 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use ccm_controllers::nodeutil::{TAINT_UNINITIALIZED, has_taint};
+use ccm_controllers::nodeutil::{
+    ConditionStatus, TAINT_UNINITIALIZED, condition_status, has_taint,
+};
 use ccm_manager::options::GoDuration;
 use ccm_manager::scrape::Scraper;
 use ccm_provider_sim::{SimCloud, SimServer};
@@ -45,6 +47,28 @@ pub enum Scenario {
     Churn,
     /// Many nodes and Services cached: steady memory.
     Memory,
+    /// One node at a time joins a quiet cluster: time to routed and initialized.
+    Join,
+}
+
+/// What kube-sim's requests cost (`--api-cost`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApiCost {
+    /// kube-sim as it is: requests cost microseconds (optimistic).
+    Free,
+    /// Server CPU burned per request and commit latency per write, calibrated to
+    /// kube-apiserver + etcd on a 2-core machine (`ccm_kube_sim::cost::CostModel::calibrated`).
+    Calibrated,
+}
+
+impl ApiCost {
+    fn model(self) -> ccm_kube_sim::cost::CostModel {
+        match self {
+            ApiCost::Free => ccm_kube_sim::cost::CostModel::free(),
+            ApiCost::Calibrated => ccm_kube_sim::cost::CostModel::calibrated(),
+        }
+    }
 }
 
 /// Flags of `ccm bench`.
@@ -80,6 +104,13 @@ pub struct BenchOptions {
     /// Services cached in the memory scenario.
     #[arg(long, default_value_t = 5000)]
     pub memory_services: u32,
+    /// kube-sim cost modes to run every scenario in (repeatable; default: free, then
+    /// calibrated). Ignored with --kubeconfig.
+    #[arg(long = "api-cost", value_enum)]
+    pub api_cost: Vec<ApiCost>,
+    /// Nodes joining one at a time in the join scenario.
+    #[arg(long, default_value_t = 10)]
+    pub joins: u32,
     /// Give up on a convergence wait after this long.
     #[arg(long, default_value = "600s")]
     pub timeout: GoDuration,
@@ -101,6 +132,9 @@ pub struct BenchOptions {
     /// Write SVG charts into this directory.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// The cost mode of the scenario being run (set per run from `api_cost`).
+    #[arg(skip = ApiCost::Free)]
+    pub cost: ApiCost,
 }
 
 /// Latency percentiles in seconds.
@@ -143,6 +177,8 @@ pub struct Usage {
 pub struct ScenarioResult {
     /// Which scenario.
     pub scenario: String,
+    /// kube-sim's cost mode (`free` or `calibrated`; null against another API server).
+    pub api_cost: Option<ApiCost>,
     /// Did it converge?
     pub converged: bool,
     /// Nodes involved.
@@ -153,6 +189,13 @@ pub struct ScenarioResult {
     pub time_to_initialized: Option<Percentiles>,
     /// Seconds until every node had its routes (burst).
     pub all_routes_seconds: Option<f64>,
+    /// Per-node time from creation to `NetworkUnavailable=False` (routed).
+    pub time_to_routed: Option<Percentiles>,
+    /// Per-node time from creation until both initialized and routed (ready for pods).
+    pub time_to_ready: Option<Percentiles>,
+    /// Seconds from the last kubelet registration's end (create + status) to the last node
+    /// both initialized and routed.
+    pub last_ready_after_last_registration_seconds: Option<f64>,
     /// Per-Service time from creation to ingress.
     pub time_to_ingress: Option<Percentiles>,
     /// Seconds until every Service had ingress.
@@ -167,6 +210,10 @@ pub struct ScenarioResult {
     pub api_writes_per_node: Option<f64>,
     /// CCM requests by "verb resource".
     pub api_requests: BTreeMap<String, u64>,
+    /// CCM requests per node by verb (reads included), all resources.
+    pub api_requests_per_node: BTreeMap<String, f64>,
+    /// CCM CPU seconds per 1,000 nodes of the scenario.
+    pub cpu_seconds_per_1000_nodes: Option<f64>,
     /// Cloud calls by operation.
     pub cloud_calls: BTreeMap<String, u64>,
     /// Idle: per route mode, extrapolated per hour.
@@ -202,6 +249,12 @@ pub struct IdleResult {
     pub lease_requests_per_hour: f64,
     /// route_controller_route_sync_total delta over the window.
     pub route_syncs: u64,
+    /// CCM RSS at the start and at the end of the window, MB (growth at rest shows here).
+    pub rss_start_mb: f64,
+    /// See `rss_start_mb`.
+    pub rss_end_mb: f64,
+    /// CCM CPU seconds spent during the window.
+    pub cpu_seconds: f64,
     /// Cumulative cloud calls sampled each second (for the chart).
     #[serde(skip)]
     pub timeline: Vec<(f64, u64)>,
@@ -252,6 +305,9 @@ impl Env {
             Some(path) => SimCluster::connect(path, cloud.clone()).await?,
             None => SimCluster::start(cloud.clone()).await?,
         };
+        if let Some(kube) = &cluster.kube {
+            kube.set_cost_model(opts.cost.model());
+        }
         let server = SimServer::start(cloud, SocketAddr::from(([127, 0, 0, 1], 0))).await?;
         let dir = cluster
             .kubeconfig
@@ -473,16 +529,34 @@ async fn add_nodes(
     cluster: &SimCluster,
     range: std::ops::Range<u32>,
 ) -> anyhow::Result<HashMap<String, Instant>> {
-    let results: Vec<anyhow::Result<(String, Instant)>> = futures::stream::iter(range)
+    Ok(register_nodes(cluster, range)
+        .await?
+        .into_iter()
+        .map(|(n, (start, _))| (n, start))
+        .collect())
+}
+
+/// Registers nodes `range` concurrently; returns when each kubelet started (just before its
+/// POST) and finished (after its status PATCH).
+async fn register_nodes(
+    cluster: &SimCluster,
+    range: std::ops::Range<u32>,
+) -> anyhow::Result<HashMap<String, (Instant, Instant)>> {
+    let results: Vec<anyhow::Result<(String, (Instant, Instant))>> = futures::stream::iter(range)
         .map(|i| async move {
             let t = Instant::now();
             let name = cluster.add_node(i).await?;
-            Ok((name, t))
+            Ok((name, (t, Instant::now())))
         })
         .buffer_unordered(64)
         .collect()
         .await;
     results.into_iter().collect()
+}
+
+/// `NetworkUnavailable=False`: the route controller (or the fold) says the node is routed.
+fn routed(n: &Node) -> bool {
+    condition_status(n, "NetworkUnavailable") == ConditionStatus::False
 }
 
 async fn add_services(
@@ -510,7 +584,46 @@ fn api_stats(env: &Env, nodes: u32, r: &mut ScenarioResult) {
         r.api_writes_per_node = Some(env.cluster.ccm_writes(None) as f64 / f64::from(nodes));
     }
     r.api_requests = env.cluster.ccm_requests();
+    if nodes > 0 {
+        r.api_requests_per_node = per_node_by_verb(&r.api_requests, nodes);
+    }
     r.cloud_calls = env.cloud_calls();
+}
+
+/// `"verb resource" → count` folded to `verb → count per node`, leader-election leases left
+/// out (they cost the same whatever the cluster size).
+fn per_node_by_verb(requests: &BTreeMap<String, u64>, nodes: u32) -> BTreeMap<String, f64> {
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    for (key, n) in requests {
+        let mut parts = key.split(' ');
+        let (Some(verb), Some(resource)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        if resource.starts_with("leases") {
+            continue;
+        }
+        *out.entry(verb.to_string()).or_default() += *n as f64 / f64::from(nodes);
+    }
+    out
+}
+
+/// Per node: time from its kubelet's first request until both `a` and `b` had happened.
+fn both_latencies(
+    a: &Tracker,
+    b: &Tracker,
+    started: &HashMap<String, Instant>,
+) -> (Vec<f64>, Option<Instant>) {
+    let (fa, fb) = (a.first.lock(), b.first.lock());
+    let mut last = None;
+    let v = started
+        .iter()
+        .filter_map(|(n, c)| {
+            let done = (*fa.get(n)?).max(*fb.get(n)?);
+            last = Some(last.map_or(done, |l: Instant| l.max(done)));
+            Some(done.saturating_duration_since(*c).as_secs_f64())
+        })
+        .collect();
+    (v, last)
 }
 
 async fn burst(
@@ -522,9 +635,10 @@ async fn burst(
     let env = Env::start(opts, opts.fault_rate, &[]).await?;
     let client = env.cluster.user_client();
     let init = Tracker::nodes(client.clone(), initialized);
+    let net = Tracker::nodes(client.clone(), routed);
     let t0 = Instant::now();
     let n = opts.nodes as usize;
-    let (created, sampled) = tokio::join!(add_nodes(&env.cluster, 0..opts.nodes), async {
+    let (registered, sampled) = tokio::join!(register_nodes(&env.cluster, 0..opts.nodes), async {
         let mut routes_at = None;
         let mut tl = Vec::new();
         let deadline = Instant::now() + opts.timeout.0;
@@ -540,7 +654,12 @@ async fn burst(
         }
         (routes_at, tl)
     });
-    let created = created?;
+    let registered = registered?;
+    let created: HashMap<String, Instant> = registered
+        .iter()
+        .map(|(k, (s, _))| (k.clone(), *s))
+        .collect();
+    let last_registered = registered.values().map(|(_, e)| *e).max();
     let (routes_at, tl) = sampled;
     *timeline = tl;
     let converged = wait_until(opts.timeout.0, || async {
@@ -548,16 +667,23 @@ async fn burst(
         Ok(s.initialized == n && s.network_ready == n && s.routes == n)
     })
     .await?;
+    let (ready, last_ready) = both_latencies(&init, &net, &created);
     let mut r = ScenarioResult {
         scenario: "burst".into(),
         converged,
         nodes: opts.nodes,
         time_to_initialized: Some(percentiles(init.latencies(&created))),
+        time_to_routed: Some(percentiles(net.latencies(&created))),
+        time_to_ready: Some(percentiles(ready)),
+        last_ready_after_last_registration_seconds: last_ready
+            .zip(last_registered)
+            .map(|(d, r)| d.saturating_duration_since(r).as_secs_f64()),
         all_routes_seconds: routes_at,
         ..Default::default()
     };
     api_stats(&env, opts.nodes, &mut r);
     r.usage = env.usage();
+    r.cpu_seconds_per_1000_nodes = Some(r.usage.cpu_seconds * 1000.0 / f64::from(opts.nodes));
     env.stop().await;
     r.wall_seconds = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
@@ -596,6 +722,7 @@ async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
             k.reset_requests();
         }
         let syncs_before = env.metric("route_controller_route_sync_total").await;
+        let at_start = env.usage();
         let window = opts.idle_window.0;
         let t0 = Instant::now();
         let mut timeline = Vec::new();
@@ -629,6 +756,9 @@ async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
             lease_requests_per_hour: per_hour(lease),
             route_syncs: syncs,
             timeline,
+            rss_start_mb: at_start.rss_mb,
+            rss_end_mb: env.usage().rss_mb,
+            cpu_seconds: env.usage().cpu_seconds - at_start.cpu_seconds,
         });
         r.usage = env.usage();
         env.stop().await;
@@ -839,6 +969,57 @@ async fn memory(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     Ok(r)
 }
 
+/// Nodes joining a quiet cluster one at a time: each is timed from its kubelet's first
+/// request to routed and to initialized.
+async fn join(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
+    let base = opts.nodes.min(100);
+    let joins = opts.joins.max(1);
+    let pb = spinner(&format!(
+        "join: {joins} nodes join a quiet {base}-node cluster, one at a time"
+    ));
+    let started = Instant::now();
+    let env = Env::start(opts, 0.0, &[]).await?;
+    add_nodes(&env.cluster, 0..base).await?;
+    let b = base as usize;
+    let mut converged = wait_until(opts.timeout.0, || async {
+        let s = env.cluster.state().await?;
+        Ok(s.initialized == b && s.network_ready == b && s.routes == b)
+    })
+    .await?;
+    let client = env.cluster.user_client();
+    let init = Tracker::nodes(client.clone(), initialized);
+    let net = Tracker::nodes(client, routed);
+    let mut created = HashMap::new();
+    for i in base..base + joins {
+        // Quiet: let the previous join's trailing writes (its Event) settle first.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let t = Instant::now();
+        let name = env.cluster.add_node(i).await?;
+        created.insert(name.clone(), t);
+        converged &= wait_until(opts.timeout.0, || async {
+            let (i, r) = (init.first.lock(), net.first.lock());
+            Ok(i.contains_key(&name) && r.contains_key(&name))
+        })
+        .await?;
+    }
+    let (ready, _) = both_latencies(&init, &net, &created);
+    let mut r = ScenarioResult {
+        scenario: "join".into(),
+        converged,
+        nodes: joins,
+        time_to_initialized: Some(percentiles(init.latencies(&created))),
+        time_to_routed: Some(percentiles(net.latencies(&created))),
+        time_to_ready: Some(percentiles(ready)),
+        ..Default::default()
+    };
+    r.usage = env.usage();
+    r.cloud_calls = env.cloud_calls();
+    env.stop().await;
+    r.wall_seconds = started.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    Ok(r)
+}
+
 async fn add_cluster_ip_services(cluster: &SimCluster, n: u32) -> anyhow::Result<()> {
     let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..n)
         .map(|i| async move { cluster.add_cluster_ip_service(&format!("cip-{i}")).await })
@@ -852,8 +1033,11 @@ fn print_table(results: &[ScenarioResult]) {
     let f = |v: Option<f64>| v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "—".into());
     for r in results {
         println!(
-            "\n== {} ({}; {:.0}s)",
+            "\n== {} [{} API] ({}; {:.0}s)",
             r.scenario,
+            r.api_cost
+                .map(|c| format!("{c:?}").to_lowercase())
+                .unwrap_or_else(|| "external".into()),
             if r.converged {
                 "converged"
             } else {
@@ -865,6 +1049,24 @@ fn print_table(results: &[ScenarioResult]) {
             println!(
                 "  time to initialized     p50 {:.2}s  p99 {:.2}s  max {:.2}s",
                 p.p50, p.p99, p.max
+            );
+        }
+        if let Some(p) = r.time_to_routed {
+            println!(
+                "  time to routed          p50 {:.2}s  p99 {:.2}s  max {:.2}s",
+                p.p50, p.p99, p.max
+            );
+        }
+        if let Some(p) = r.time_to_ready {
+            println!(
+                "  initialized and routed  p50 {:.2}s  p99 {:.2}s  max {:.2}s",
+                p.p50, p.p99, p.max
+            );
+        }
+        if r.last_ready_after_last_registration_seconds.is_some() {
+            println!(
+                "  last node ready         {}s after the last registration",
+                f(r.last_ready_after_last_registration_seconds)
             );
         }
         if r.all_routes_seconds.is_some() {
@@ -893,14 +1095,26 @@ fn print_table(results: &[ScenarioResult]) {
                 f(r.api_writes_per_node)
             );
         }
+        if !r.api_requests_per_node.is_empty() {
+            let by: Vec<String> = r
+                .api_requests_per_node
+                .iter()
+                .map(|(k, v)| format!("{k} {v:.3}"))
+                .collect();
+            println!("  API requests per node   {}", by.join(", "));
+        }
         for i in &r.idle {
             println!(
-                "  idle [{:<8}] cloud calls/h {:>8.1}  API requests/h {:>8.1} (+{:.0} lease)  route syncs {}",
+                "  idle [{:<8}] cloud calls/h {:>8.1}  API requests/h {:>8.1} (+{:.0} lease)  route syncs {}  RSS {:.1} → {:.1} MB over {:.0}s, CPU {:.2}s",
                 i.route_mode,
                 i.cloud_calls_per_hour,
                 i.api_requests_per_hour,
                 i.lease_requests_per_hour,
-                i.route_syncs
+                i.route_syncs,
+                i.rss_start_mb,
+                i.rss_end_mb,
+                i.window_seconds,
+                i.cpu_seconds
             );
         }
         if let Some(lag) = r.churn_convergence_lag_seconds {
@@ -923,8 +1137,13 @@ fn print_table(results: &[ScenarioResult]) {
             println!("  cloud calls             {total}: {}", by.join(", "));
         }
         println!(
-            "  CCM                     peak RSS {:.1} MB, RSS {:.1} MB, CPU {:.2}s",
-            r.usage.peak_rss_mb, r.usage.rss_mb, r.usage.cpu_seconds
+            "  CCM                     peak RSS {:.1} MB, RSS {:.1} MB, CPU {:.2}s{}",
+            r.usage.peak_rss_mb,
+            r.usage.rss_mb,
+            r.usage.cpu_seconds,
+            r.cpu_seconds_per_1000_nodes
+                .map(|c| format!(" ({c:.2}s per 1,000 nodes)"))
+                .unwrap_or_default()
         );
     }
 }
@@ -939,20 +1158,36 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<std::process::ExitCode> {
             Scenario::Services,
             Scenario::Churn,
             Scenario::Memory,
+            Scenario::Join,
         ];
     }
     let mut results = Vec::new();
     let mut burst_timeline = Vec::new();
-    for s in scenarios {
-        let r = match s {
-            Scenario::Burst => burst(&opts, &mut burst_timeline).await,
-            Scenario::Idle => idle(&opts).await,
-            Scenario::Services => services(&opts).await,
-            Scenario::Churn => churn(&opts).await,
-            Scenario::Memory => memory(&opts).await,
+    let mut costs = opts.api_cost.clone();
+    if costs.is_empty() {
+        costs = vec![ApiCost::Free, ApiCost::Calibrated];
+    }
+    if opts.kubeconfig.is_some() {
+        costs = vec![ApiCost::Free];
+    }
+    for cost in costs {
+        let opts = BenchOptions {
+            cost,
+            ..opts.clone()
+        };
+        for &s in &scenarios {
+            let mut r = match s {
+                Scenario::Burst => burst(&opts, &mut burst_timeline).await,
+                Scenario::Idle => idle(&opts).await,
+                Scenario::Services => services(&opts).await,
+                Scenario::Churn => churn(&opts).await,
+                Scenario::Memory => memory(&opts).await,
+                Scenario::Join => join(&opts).await,
+            }
+            .with_context(|| format!("scenario {s:?} ({cost:?} API)"))?;
+            r.api_cost = opts.kubeconfig.is_none().then_some(cost);
+            results.push(r);
         }
-        .with_context(|| format!("scenario {s:?}"))?;
-        results.push(r);
     }
     print_table(&results);
     if let Some(path) = &opts.json {

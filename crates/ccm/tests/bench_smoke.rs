@@ -21,6 +21,8 @@ fn every_scenario_runs_small() {
             "--churn-rate=10",
             "--memory-nodes=40",
             "--memory-services=40",
+            "--joins=3",
+            "--api-cost=free",
             "--timeout=120s",
         ])
         .arg(format!("--json={}", json.display()))
@@ -42,7 +44,10 @@ fn every_scenario_runs_small() {
         .iter()
         .filter_map(|s| s["scenario"].as_str())
         .collect();
-    assert_eq!(names, ["burst", "idle", "services", "churn", "memory"]);
+    assert_eq!(
+        names,
+        ["burst", "idle", "services", "churn", "memory", "join"]
+    );
     for s in scenarios {
         assert_eq!(s["converged"], true, "{s}");
         assert!(
@@ -53,6 +58,11 @@ fn every_scenario_runs_small() {
     let burst = &scenarios[0];
     assert!(burst["time_to_initialized"]["p99"].as_f64().is_some());
     assert!(burst["api_node_writes_per_node"].as_f64().is_some());
+    assert!(burst["time_to_ready"]["p99"].as_f64().is_some());
+    assert!(burst["api_requests_per_node"]["patch"].as_f64().is_some());
+    assert!(burst["cpu_seconds_per_1000_nodes"].as_f64().is_some());
+    let join = &scenarios[5];
+    assert!(join["time_to_routed"]["max"].as_f64().is_some());
     let idle = scenarios[1]["idle"].as_array().expect("idle modes");
     assert_eq!(idle.len(), 2);
     let churn = &scenarios[3];
@@ -61,4 +71,37 @@ fn every_scenario_runs_small() {
     assert_eq!(churn["leaked_routes"], 0);
     assert!(plots.join("burst-initialized.svg").exists());
     assert!(plots.join("idle-cloud-calls.svg").exists());
+}
+
+/// The calibrated cost model end to end: a small burst converges and is labelled.
+#[test]
+fn a_burst_runs_on_the_calibrated_model() {
+    let dir = std::env::temp_dir().join(format!("ccm-bench-cost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let json = dir.join("bench.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args([
+            "bench",
+            "burst",
+            "--nodes=20",
+            "--cloud-latency=5ms",
+            "--timeout=120s",
+            "--api-cost=calibrated",
+        ])
+        .arg(format!("--json={}", json.display()))
+        .output()
+        .expect("run bench");
+    assert!(
+        out.status.success(),
+        "bench failed: {}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    let burst = &doc["scenarios"][0];
+    assert_eq!(burst["api_cost"], "calibrated");
+    assert_eq!(burst["converged"], true, "{burst}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -276,6 +276,24 @@ async fn doctor_diagnoses_a_broken_cluster_read_only_then_passes_as_a_kubectl_pl
         sim.requests()
     );
 
+    // A plain-HTTP metrics URL gets no credentials: a second kube-sim over HTTP, accepting the
+    // same token, answers 401 because doctor sent none.
+    let plain = KubeSim::start(Config::default())
+        .await
+        .expect("plain kube-sim");
+    let kc = kubeconfig.clone();
+    let url = format!("--metrics-url={}/metrics", plain.url());
+    let out = tokio::task::spawn_blocking(move || doctor(&kc, &["-o", "json", &url]))
+        .await
+        .expect("join");
+    let (_, f) = findings(&out);
+    assert_eq!(f["route-syncs"]["verdict"], "warn");
+    assert!(
+        text(&f["route-syncs"]).contains("HTTP 401"),
+        "{:#}",
+        f["route-syncs"]
+    );
+
     repair(&client, sim.addr().port()).await;
     let bin_dir = dir.join("bin");
     std::fs::create_dir_all(&bin_dir).expect("bin dir");

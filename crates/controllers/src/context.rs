@@ -90,6 +90,10 @@ pub enum StartError {
 /// Which Nodes have all their routes, published by the route controller so the cloud-node
 /// controller can fold `NetworkUnavailable=False` into the status write it makes anyway — one
 /// API write per Node less during a burst (upstream writes the condition separately).
+///
+/// A Node counts as routed the moment its last route create returns, not when the whole sync
+/// ends, and a waiter waits for its own Node only: initialization never pays for the rest of a
+/// burst's routes.
 #[derive(Clone, Default)]
 pub struct RoutedNodes {
     inner: Arc<RoutedInner>,
@@ -101,8 +105,23 @@ struct RoutedInner {
     active: std::sync::atomic::AtomicBool,
     /// The cloud-node controller writes the condition for Nodes it initializes.
     node_folds: std::sync::atomic::AtomicBool,
-    nodes: parking_lot::RwLock<std::collections::BTreeSet<String>>,
-    changed: tokio::sync::Notify,
+    state: parking_lot::Mutex<RoutedState>,
+}
+
+#[derive(Default)]
+struct RoutedState {
+    nodes: std::collections::BTreeSet<String>,
+    /// One-shot wake-ups per Node name: a publish wakes only the waiters of routed Nodes, so a
+    /// 1,000-Node burst costs one wake-up per Node, not one per Node per publish.
+    waiters: std::collections::HashMap<String, Vec<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl RoutedState {
+    fn wake(&mut self, node: &str) {
+        for w in self.waiters.remove(node).unwrap_or_default() {
+            let _ = w.send(());
+        }
+    }
 }
 
 impl RoutedNodes {
@@ -133,30 +152,100 @@ impl RoutedNodes {
             .load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Replaces the set of Nodes whose routes all exist.
+    /// Replaces the set of Nodes whose routes all exist (the end of a sync, which also
+    /// forgets deleted Nodes).
     pub fn publish(&self, nodes: std::collections::BTreeSet<String>) {
-        *self.inner.nodes.write() = nodes;
-        self.inner.changed.notify_waiters();
+        let mut st = self.inner.state.lock();
+        st.nodes = nodes;
+        let ready: Vec<String> = st
+            .waiters
+            .keys()
+            .filter(|k| st.nodes.contains(*k))
+            .cloned()
+            .collect();
+        for k in ready {
+            st.wake(&k);
+        }
+    }
+
+    /// Marks one Node routed (its last route create just returned), waking its waiters.
+    pub fn insert(&self, node: &str) {
+        let mut st = self.inner.state.lock();
+        st.nodes.insert(node.to_string());
+        st.wake(node);
     }
 
     /// True when every route of `node` exists.
     pub fn contains(&self, node: &str) -> bool {
-        self.inner.nodes.read().contains(node)
+        self.inner.state.lock().nodes.contains(node)
     }
 
-    /// Waits until every one of `nodes` has its routes, or `timeout` passes.
-    pub async fn wait_all(&self, nodes: &[String], timeout: std::time::Duration) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let notified = self.inner.changed.notified();
-            futures::pin_mut!(notified);
-            notified.as_mut().enable();
-            if nodes.iter().all(|n| self.contains(n)) {
-                return;
+    /// Waits until `node` has all its routes, or `timeout` passes; true when it has them.
+    pub async fn wait(&self, node: &str, timeout: std::time::Duration) -> bool {
+        let rx = {
+            let mut st = self.inner.state.lock();
+            if st.nodes.contains(node) {
+                return true;
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            st.waiters.entry(node.to_string()).or_default().push(tx);
+            rx
+        };
+        if let Ok(Ok(())) = tokio::time::timeout(timeout, rx).await {
+            return true;
+        }
+        let mut st = self.inner.state.lock();
+        if let Some(ws) = st.waiters.get_mut(node) {
+            ws.retain(|w| !w.is_closed());
+            if ws.is_empty() {
+                st.waiters.remove(node);
             }
         }
+        st.nodes.contains(node)
+    }
+
+    /// Waiters currently registered (for tests: a timed-out wait leaves none behind).
+    pub fn waiting(&self) -> usize {
+        self.inner.state.lock().waiters.values().map(Vec::len).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_wakes_for_its_own_node_only() {
+        let routed = RoutedNodes::default();
+        let (r1, r2) = (routed.clone(), routed.clone());
+        let a = tokio::spawn(async move { r1.wait("a", Duration::from_secs(2)).await });
+        let b = tokio::spawn(async move { r2.wait("b", Duration::from_secs(2)).await });
+        tokio::task::yield_now().await;
+        assert_eq!(routed.waiting(), 2);
+        routed.insert("a");
+        assert!(a.await.expect("join"), "a's route exists");
+        assert_eq!(routed.waiting(), 1, "b still waits");
+        // b's route never comes: bounded by the timeout, and no waiter is left behind.
+        assert!(!b.await.expect("join"));
+        assert_eq!(routed.waiting(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn publish_wakes_listed_nodes_and_forgets_others() {
+        let routed = RoutedNodes::default();
+        routed.insert("gone");
+        let r = routed.clone();
+        let w = tokio::spawn(async move { r.wait("c", Duration::from_secs(2)).await });
+        tokio::task::yield_now().await;
+        routed.publish(BTreeSet::from(["c".to_string()]));
+        assert!(w.await.expect("join"));
+        assert!(routed.contains("c"));
+        assert!(!routed.contains("gone"));
+        assert!(
+            routed.wait("c", Duration::ZERO).await,
+            "already routed: no wait"
+        );
     }
 }

@@ -118,3 +118,111 @@ async fn network_unavailable_is_folded_into_the_status_write() {
     );
     env.shutdown.cancel();
 }
+
+fn tainted(n: &k8s_openapi::api::core::v1::Node) -> bool {
+    has_taint(n, TAINT_UNINITIALIZED)
+}
+
+/// No latency floors: a Node waits for its own route only, and no route waits for a timer
+/// while the cloud answers normally. Both bounds are set to an hour, so any wait on another
+/// Node's route or on the storm limiter would time the test out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_waits_for_its_own_route_only_and_never_for_the_limiter() {
+    use ccm_cloud::{Route, Routes};
+    use node_support::wait_for;
+
+    let env = Env::start(SimOptions::default(), true).await;
+    let hour = Duration::from_secs(3600);
+    // A route outside the cluster CIDR owned by someone else: "stuck" asks for the same
+    // destination, which the cloud refuses, so "stuck" is never routed.
+    env.cloud.add_instance(InstanceSpec::new("outsider"));
+    env.cloud
+        .create_route(
+            "kubernetes",
+            "outsider",
+            &Route {
+                target_node: "outsider".into(),
+                destination_cidr: "192.168.7.0/24".into(),
+                ..Route::default()
+            },
+        )
+        .await
+        .expect("pre-existing route");
+    // Both Nodes exist before the controllers start, so they share one batch.
+    for (name, cidr) in [("stuck", "192.168.7.0/24"), ("fine", "10.128.1.0/24")] {
+        env.cloud.add_instance(InstanceSpec::new(name));
+        let mut n = kubelet_node(name, None);
+        if let Some(spec) = n.spec.as_mut() {
+            spec.pod_cidrs = Some(vec![cidr.to_string()]);
+        }
+        env.create_node(&n).await;
+    }
+    let mut registry = Registry::default();
+    let node = CloudNodeController::new(
+        env.shared.clone(),
+        env.client.clone(),
+        CloudNodeConfig {
+            route_condition_wait: hour,
+            batch_window: Duration::from_millis(200),
+            ..Default::default()
+        },
+        &mut registry,
+    )
+    .expect("node controller");
+    let route = RouteController::new(
+        env.shared.clone(),
+        env.client.clone(),
+        RouteConfig {
+            cluster_cidrs: vec!["10.128.0.0/9".parse().expect("cidr")],
+            min_sync_interval: hour,
+            ..Default::default()
+        },
+        &mut registry,
+    )
+    .expect("route controller");
+    tokio::spawn(node.run(env.shutdown.clone()));
+    tokio::spawn(route.run(env.shutdown.clone()));
+
+    let routed_and_initialized = |name: &'static str| {
+        let env = &env;
+        move || async move {
+            env.get(name).await.is_some_and(|n| {
+                !tainted(&n) && condition_status(&n, "NetworkUnavailable") == ConditionStatus::False
+            })
+        }
+    };
+    wait_for(
+        "fine initialized with its route",
+        routed_and_initialized("fine"),
+    )
+    .await;
+    let stuck = env.get("stuck").await.expect("stuck");
+    assert!(
+        tainted(&stuck),
+        "stuck has no route and waits (bounded) for it"
+    );
+    assert_eq!(
+        env.sim.count_requests(|k| k.client == node_support::UA
+            && k.resource == "nodes"
+            && k.verb.is_write()
+            && (200..300).contains(&k.code)),
+        2,
+        "fine: one status write carrying the condition, one object write"
+    );
+
+    // A Node joining now is routed at once: the sync before it is under the limiter's hour,
+    // but the cloud never throttled, so nothing waits.
+    env.cloud.add_instance(InstanceSpec::new("late"));
+    let mut late = kubelet_node("late", None);
+    if let Some(spec) = late.spec.as_mut() {
+        spec.pod_cidrs = Some(vec!["10.128.2.0/24".to_string()]);
+    }
+    env.create_node(&late).await;
+    wait_for(
+        "late initialized with its route",
+        routed_and_initialized("late"),
+    )
+    .await;
+    assert_eq!(env.cloud.routes().len(), 3, "outsider, fine, late");
+    env.shutdown.cancel();
+}

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+pub mod cost;
 mod discovery;
 mod faults;
 mod kinds;
@@ -82,6 +83,10 @@ pub struct Config {
     pub fault_429_rate: f64,
     /// Fraction of API requests (all verbs) failed with 500.
     pub fault_500_rate: f64,
+    /// What each request costs the server (CPU burned for real, commit latency for writes);
+    /// [`cost::CostModel::free`] by default, [`cost::CostModel::calibrated`] to behave like
+    /// kube-apiserver + etcd on a small machine.
+    pub cost: cost::CostModel,
 }
 
 impl Default for Config {
@@ -102,6 +107,7 @@ impl Default for Config {
             fault_latency: Duration::ZERO,
             fault_429_rate: 0.0,
             fault_500_rate: 0.0,
+            cost: cost::CostModel::free(),
         }
     }
 }
@@ -203,6 +209,7 @@ impl KubeSim {
             bookmark_interval: cfg.bookmark_interval,
             default_watch_timeout: cfg.watch_timeout,
             server_address: RwLock::new(addr.to_string()),
+            cost: RwLock::new(Arc::new(cfg.cost.clone())),
         });
         let acceptor = match &tls {
             Some(t) => Some(t.acceptor()?),
@@ -381,6 +388,11 @@ impl KubeSim {
             .filter(|c| pred(&c.key))
             .map(|c| c.count)
             .sum()
+    }
+
+    /// Changes what each request costs from now on (see [`cost::CostModel`]).
+    pub fn set_cost_model(&self, model: cost::CostModel) {
+        *self.shared.cost.write() = Arc::new(model);
     }
 
     /// Zeroes all request counters.

@@ -42,6 +42,8 @@ pub(crate) struct Shared {
     pub bookmark_interval: Duration,
     pub default_watch_timeout: Duration,
     pub server_address: RwLock<String>,
+    /// Per-request server CPU and commit latency (free by default).
+    pub cost: RwLock<Arc<crate::cost::CostModel>>,
 }
 
 /// Query parameters, percent-decoded.
@@ -566,14 +568,24 @@ impl Shared {
                     }
                 };
                 let shape = shape.unwrap_or(Shape::Plain);
-                match self
+                let sent = body.len();
+                let resp = match self
                     .clone()
                     .dispatch(verb, &target, &q, body, &content_type, shape)
                     .await
                 {
                     Ok(r) => r,
                     Err(e) => error_resp(&e),
+                };
+                let cost = self.cost.read().clone();
+                if !cost.is_free() {
+                    let answered = hyper::body::Body::size_hint(resp.body())
+                        .exact()
+                        .unwrap_or(0);
+                    let bytes = sent.max(usize::try_from(answered).unwrap_or(usize::MAX));
+                    cost.charge(verb, bytes).await;
                 }
+                resp
             }
         };
         self.count(verb, &target, resp.status().as_u16(), &client, &user);

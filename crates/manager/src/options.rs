@@ -454,8 +454,8 @@ pub struct RunOptions {
     #[arg(long, default_value = "5m", help_heading = "ccm-rs flags")]
     pub node_lifecycle_resync_period: GoDuration,
 
-    /// Watch-based routes: at most one route sync per this interval during a storm of node
-    /// changes (a lone change syncs at once).
+    /// Watch-based routes: while the cloud throttles route calls, at most one route sync per
+    /// this interval (otherwise syncs run back to back, each batching all due routes).
     #[arg(long, default_value = "1s", help_heading = "ccm-rs flags")]
     pub route_min_sync_interval: GoDuration,
 

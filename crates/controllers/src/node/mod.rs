@@ -565,32 +565,36 @@ impl Inner {
                 (n, r)
             })
             .collect();
-        self.wait_for_routes(&work).await;
         let sem = Semaphore::new(WRITE_CONCURRENCY);
         join_all(work.into_iter().map(|(node, res)| async {
+            // Each Node waits for its own route only, and holds no write slot meanwhile.
+            self.wait_for_route(&node, &res).await;
             let _permit = sem.acquire().await;
             self.finish(node, res).await
         }))
         .await;
     }
 
-    /// Gives the route controller a moment to create the batch's routes (once per batch, not
-    /// per Node), so the status write can carry `NetworkUnavailable=False`.
-    async fn wait_for_routes(&self, work: &[(Node, CloudResult<Option<InstanceMetadata>>)]) {
+    /// Gives the route controller a moment to create this Node's routes, so its status write
+    /// can carry `NetworkUnavailable=False`. The route starts at registration, in parallel with
+    /// the metadata lookup, so the wait is usually zero; it is bounded by
+    /// `route_condition_wait` and never spent on other Nodes' routes.
+    async fn wait_for_route(&self, node: &Node, res: &CloudResult<Option<InstanceMetadata>>) {
         let wait = self.config.route_condition_wait;
-        if wait.is_zero() || !self.shared.routed.is_active() {
+        if !planner::waits_for_route(
+            wait,
+            self.shared.routed.is_active(),
+            matches!(res, Ok(Some(_))),
+            !pod_cidrs(node).is_empty(),
+        ) {
             return;
         }
-        let names: Vec<String> = work
-            .iter()
-            .filter(|(n, r)| matches!(r, Ok(Some(_))) && !pod_cidrs(n).is_empty())
-            .map(|(n, _)| name(n))
-            .collect();
-        if names.is_empty() {
-            return;
-        }
+        let key = name(node);
+        let start = Instant::now();
         tokio::select! {
-            _ = self.shared.routed.wait_all(&names, wait) => {}
+            routed = self.shared.routed.wait(&key, wait) => {
+                tracing::debug!(node = %key, routed, waited = ?start.elapsed(), "waited for the node's route");
+            }
             _ = self.stop.cancelled() => {}
         }
     }

@@ -354,6 +354,19 @@ pub fn taints_value(taints: &[Taint]) -> Value {
     }
 }
 
+/// Whether a Node being initialized should wait (bounded by `wait`) for its own route before
+/// its status write, so the write can carry `NetworkUnavailable=False`: only when the fold is
+/// on, a route controller publishes, the cloud lookup found the instance and the Node has pod
+/// CIDRs to route. A Node never waits for any other Node's route.
+pub fn waits_for_route(
+    wait: std::time::Duration,
+    routes_published: bool,
+    metadata_found: bool,
+    has_pod_cidrs: bool,
+) -> bool {
+    !wait.is_zero() && routes_published && metadata_found && has_pod_cidrs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -784,5 +797,24 @@ mod tests {
                 for a in &out { prop_assert!(cloud.contains(a)); }
             }
         }
+    }
+
+    #[test]
+    fn route_wait_only_when_it_can_help() {
+        let w = std::time::Duration::from_secs(2);
+        assert!(waits_for_route(w, true, true, true));
+        assert!(
+            !waits_for_route(std::time::Duration::ZERO, true, true, true),
+            "fold off"
+        );
+        assert!(
+            !waits_for_route(w, false, true, true),
+            "no route controller"
+        );
+        assert!(
+            !waits_for_route(w, true, false, true),
+            "lookup failed: fail fast"
+        );
+        assert!(!waits_for_route(w, true, true, false), "nothing to route");
     }
 }

@@ -8,14 +8,17 @@
 //!   non-sliding, whether or not anything changed (`trigger="periodic"`);
 //! - [`RouteMode::Watch`] (upstream's `CloudControllerManagerWatchBasedRoutesReconciliation`
 //!   gate; **on by default in ccm-rs**): when a node is added or deleted or its pod CIDRs or
-//!   addresses change (`node_change`), coalesced into one pending sync — a lone change syncs at
-//!   once, a storm at most once per [`RouteConfig::min_sync_interval`]; a failed sync is
+//!   addresses change (`node_change`), coalesced into one pending sync — syncs run back to
+//!   back, each creating every route that became due while the previous one ran, and are
+//!   spaced by [`RouteConfig::min_sync_interval`] only while the cloud throttles
+//!   ([`limiter`]); a failed sync is
 //!   retried with backoff (`retry`), which upstream's watch mode forgets to do; and a safety
 //!   resync (`resync`) repairs drift made in the cloud behind the controller's back.
 //!
 //! `route_controller_route_sync_total{trigger,outcome}` counts syncs, so the difference between
 //! the modes is visible on a dashboard: an idle cluster in watch mode shows a flat line.
 
+pub mod limiter;
 pub mod planner;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -85,11 +88,12 @@ pub struct RouteConfig {
     /// `--route-reconciliation-period` (default 10s): the period of interval mode; unused in
     /// watch mode, as upstream.
     pub reconciliation_period: Duration,
-    /// Watch mode's storm limiter (default **1s**; upstream's token bucket allows one per 10s):
-    /// at most one sync starts per interval. It never delays a lone change: the gate counts from
-    /// the previous sync's start. 1s keeps a 1,000-node burst's routes within ~2 syncs of the
-    /// last node (upstream's 10s makes the bulk of a burst wait 10s) while a storm still costs at
-    /// most one ListRoutes per second.
+    /// Watch mode's storm limiter while the cloud throttles (default **1s**; upstream's token
+    /// bucket allows one sync per 10s, always): after a throttled answer, at most one sync
+    /// starts per interval (and none before the cloud's retry-after) until 10 s pass without
+    /// another refusal. While the cloud answers normally no sync waits: a storm is coalesced
+    /// by the queue instead (changes during a sync fold into the next one, which creates all
+    /// their routes at once), so a node's route is never delayed by a timer.
     pub min_sync_interval: Duration,
     /// Watch mode's safety resync (default 30 min): a full reconcile after this long without
     /// one, to repair routes changed in the cloud by someone else. Upstream relies on the node
@@ -397,12 +401,23 @@ enum Op {
     Create(RouteCreate),
 }
 
-/// How one cloud route call ended; a failed create carries its (node, CIDR).
+/// How one cloud route call ended: a create carries its node, a failed create its
+/// (node, CIDR); failures carry the cloud's retry-after when it throttled.
 enum OpResult {
-    Created,
-    CreateFailed((String, String)),
+    Created(String),
+    CreateFailed((String, String), Option<Duration>),
     Deleted,
-    DeleteFailed,
+    DeleteFailed(Option<Duration>),
+}
+
+/// The pause a throttled answer asks for (its hint, or 1 s); `None` for other errors.
+fn throttle_hint(e: &CloudError) -> Option<Duration> {
+    match e {
+        CloudError::Throttled { retry_after, .. } => {
+            Some(retry_after.unwrap_or(Duration::from_secs(1)))
+        }
+        _ => None,
+    }
 }
 
 /// The route controller (see the module docs).
@@ -426,6 +441,16 @@ pub struct RouteController {
 struct Executed {
     changed: bool,
     errors: usize,
+    /// The longest retry-after of a throttled call, if any call was throttled.
+    throttled: Option<Duration>,
+}
+
+impl Executed {
+    fn throttled(&mut self, hint: Option<Duration>) {
+        if let Some(h) = hint {
+            self.throttled = Some(self.throttled.map_or(h, |t| t.max(h)));
+        }
+    }
 }
 
 impl RouteController {
@@ -527,7 +552,7 @@ impl RouteController {
     async fn run_interval(&self, shutdown: CancellationToken) {
         loop {
             let start = Instant::now();
-            self.sync(SyncTrigger::Periodic).await;
+            let _ = self.sync(SyncTrigger::Periodic).await;
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep_until(start + self.config.reconciliation_period) => {}
@@ -564,7 +589,7 @@ impl RouteController {
             })
         };
 
-        let mut last_start: Option<Instant> = None;
+        let mut limiter = limiter::StormLimiter::new(self.config.min_sync_interval);
         let mut last_end = Instant::now();
         loop {
             let resync_due = last_end + self.config.resync_period;
@@ -578,15 +603,12 @@ impl RouteController {
                     continue;
                 }
             }
-            // Storm limiter: at most one sync start per min_sync_interval. Changes arriving
-            // meanwhile mark the (processing) key dirty and fold into the next sync.
-            if let Some(started) = last_start {
-                let gate = started + self.config.min_sync_interval;
-                if Instant::now() < gate {
-                    tokio::select! {
-                        _ = shutdown.cancelled() => { queue.done(&KEY); break }
-                        _ = tokio::time::sleep_until(gate) => {}
-                    }
+            // Storm limiter: waits only while the cloud throttles. Changes arriving meanwhile
+            // (or during a sync) mark the processing key dirty and fold into the next sync.
+            if let Some(gate) = limiter.next_start(Instant::now()) {
+                tokio::select! {
+                    _ = shutdown.cancelled() => { queue.done(&KEY); break }
+                    _ = tokio::time::sleep_until(gate) => {}
                 }
             }
             // Taken right before the sync (upstream's Forget-before-process): a change that
@@ -596,9 +618,10 @@ impl RouteController {
                 queue.done(&KEY);
                 continue;
             };
-            last_start = Some(Instant::now());
-            let outcome = self.sync(trigger).await;
+            limiter.started(Instant::now());
+            let (outcome, throttled) = self.sync(trigger).await;
             last_end = Instant::now();
+            limiter.ended(last_end, throttled);
             if outcome == SyncOutcome::Error {
                 reasons.lock().retry = true;
                 let delay = queue.add_rate_limited(KEY);
@@ -611,25 +634,33 @@ impl RouteController {
         watcher.abort();
     }
 
-    /// One full reconcile, counted and timed.
-    async fn sync(&self, trigger: SyncTrigger) -> SyncOutcome {
+    /// One full reconcile, counted and timed; also returns the cloud's retry-after when a
+    /// call was throttled.
+    async fn sync(&self, trigger: SyncTrigger) -> (SyncOutcome, Option<Duration>) {
         self.handle.inner.running.fetch_add(1, Ordering::SeqCst);
         let started = Instant::now();
-        let outcome = match self.reconcile().await {
-            Ok(Executed { errors: 0, changed }) => {
-                if changed {
+        let (outcome, throttled) = match self.reconcile().await {
+            Ok(Executed {
+                errors: 0,
+                changed,
+                throttled,
+            }) => {
+                let o = if changed {
                     SyncOutcome::Changed
                 } else {
                     SyncOutcome::Noop
-                }
+                };
+                (o, throttled)
             }
-            Ok(Executed { errors, .. }) => {
+            Ok(Executed {
+                errors, throttled, ..
+            }) => {
                 tracing::warn!(errors, "route sync finished with failed operations");
-                SyncOutcome::Error
+                (SyncOutcome::Error, throttled)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "route sync failed: could not list routes");
-                SyncOutcome::Error
+                (SyncOutcome::Error, throttle_hint(&e))
             }
         };
         let elapsed = started.elapsed();
@@ -660,7 +691,7 @@ impl RouteController {
             "route sync"
         );
         self.handle.inner.running.fetch_sub(1, Ordering::SeqCst);
-        outcome
+        (outcome, throttled)
     }
 
     /// List, plan, execute: upstream's `reconcileNodeRoutes`.
@@ -698,6 +729,9 @@ impl RouteController {
             conditions = plan.conditions.len(),
             "reconciling routes"
         );
+        // Nodes whose routes all exist already are routed now; the others join one by one as
+        // their creates return (`execute_routes`), not when the whole sync ends.
+        self.shared.routed.publish(plan.routed_without_creates());
 
         let failed = self.execute_routes(&plan, &mut done, &mut managed).await;
         self.metrics.managed.set(managed);
@@ -706,18 +740,19 @@ impl RouteController {
         *self.handle.inner.routed.lock() = Some(routed);
 
         // Nodes still being initialized get their condition from the cloud-node controller,
-        // folded into the status write it makes anyway (see `RoutedNodes`).
+        // folded into the status write it makes anyway (see `RoutedNodes`); and a condition
+        // that landed while this sync ran (that fold, typically) is not written again.
         let folds = self.shared.routed.node_folds();
         let writes: Vec<_> = plan
             .conditions_after(&failed)
             .into_iter()
             .filter(|u| {
-                !(folds
-                    && self
-                        .shared
-                        .nodes
-                        .get(&u.node)
-                        .is_some_and(|n| has_taint(&n, TAINT_UNINITIALIZED)))
+                let Some(n) = self.shared.nodes.get(&u.node) else {
+                    return true;
+                };
+                let current = NodeView::from_node(&n).network_unavailable;
+                !((folds && has_taint(&n, TAINT_UNINITIALIZED))
+                    || u.condition.matches(current.as_ref()))
             })
             .collect();
         let results: Vec<bool> = futures::stream::iter(writes)
@@ -751,42 +786,65 @@ impl RouteController {
             vec![deletes.chain(creates).collect()]
         };
         let mut failed = HashSet::new();
+        let mut remaining = plan.creates_per_node();
         for phase in phases {
-            let results: Vec<OpResult> = futures::stream::iter(phase)
+            let mut results = futures::stream::iter(phase)
                 .map(|op| self.execute_op(op))
-                .buffer_unordered(self.config.max_concurrent_route_ops)
-                .collect()
-                .await;
-            for res in results {
+                .buffer_unordered(self.config.max_concurrent_route_ops);
+            while let Some(res) = results.next().await {
                 let (op, result) = match &res {
-                    OpResult::Created => ("create", "success"),
-                    OpResult::CreateFailed(_) => ("create", "error"),
+                    OpResult::Created(_) => ("create", "success"),
+                    OpResult::CreateFailed(..) => ("create", "error"),
                     OpResult::Deleted => ("delete", "success"),
-                    OpResult::DeleteFailed => ("delete", "error"),
+                    OpResult::DeleteFailed(_) => ("delete", "error"),
                 };
                 self.metrics
                     .ops
                     .get_or_create(&OpLabels { op, result })
                     .inc();
                 match res {
-                    OpResult::Created => {
+                    OpResult::Created(node) => {
                         done.changed = true;
                         *managed += 1;
+                        self.created(&node, &mut remaining, &failed);
                     }
                     OpResult::Deleted => {
                         done.changed = true;
                         *managed -= 1;
                     }
-                    OpResult::CreateFailed(key) => {
+                    OpResult::CreateFailed(key, hint) => {
                         done.errors += 1;
+                        done.throttled(hint);
                         failed.insert(key);
                     }
-                    OpResult::DeleteFailed => done.errors += 1,
+                    OpResult::DeleteFailed(hint) => {
+                        done.errors += 1;
+                        done.throttled(hint);
+                    }
                 }
             }
         }
         *managed = (*managed).max(0);
         failed
+    }
+
+    /// One create of `node` returned successfully: once its last one has (and none failed),
+    /// the node is routed — published at once, so its initialization need not wait for the
+    /// rest of the sync.
+    fn created(
+        &self,
+        node: &str,
+        remaining: &mut std::collections::HashMap<String, usize>,
+        failed: &HashSet<(String, String)>,
+    ) {
+        let Some(left) = remaining.get_mut(node) else {
+            return;
+        };
+        *left = left.saturating_sub(1);
+        if *left == 0 && !failed.iter().any(|(n, _)| n == node) {
+            remaining.remove(node);
+            self.shared.routed.insert(node);
+        }
     }
 
     /// One cloud call, logged (and a `FailedToCreateRoute` event for a failed create).
@@ -802,7 +860,7 @@ impl RouteController {
                 Err(e) => {
                     tracing::warn!(route = %r.name, cidr = %r.destination_cidr, error = %e,
                         elapsed = ?start.elapsed(), "could not delete route");
-                    OpResult::DeleteFailed
+                    OpResult::DeleteFailed(throttle_hint(&e))
                 }
             },
             Op::Create(c) => match self
@@ -813,14 +871,17 @@ impl RouteController {
                 Ok(()) => {
                     tracing::info!(node = %c.route.target_node, cidr = %c.route.destination_cidr,
                         hint = %c.name_hint, "created route");
-                    OpResult::Created
+                    OpResult::Created(c.route.target_node)
                 }
                 Err(e) => {
                     self.create_failed(&c, start.elapsed(), &e);
-                    OpResult::CreateFailed((
-                        c.route.target_node.clone(),
-                        c.route.destination_cidr.clone(),
-                    ))
+                    OpResult::CreateFailed(
+                        (
+                            c.route.target_node.clone(),
+                            c.route.destination_cidr.clone(),
+                        ),
+                        throttle_hint(&e),
+                    )
                 }
             },
         }

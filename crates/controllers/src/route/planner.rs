@@ -104,7 +104,7 @@ impl NetworkCondition {
     }
 
     /// True when a node's current `(status, reason)` already says this (no write needed).
-    fn matches(self, current: Option<&(String, String)>) -> bool {
+    pub fn matches(self, current: Option<&(String, String)>) -> bool {
         current.is_some_and(|(s, r)| s == self.status() && r == self.reason())
     }
 }
@@ -196,6 +196,26 @@ impl RoutePlan {
             })
             .map(|n| n.name.clone())
             .collect()
+    }
+}
+
+impl RoutePlan {
+    /// Nodes routed before any create of this plan runs: every pod CIDR already has its route.
+    pub fn routed_without_creates(&self) -> BTreeSet<String> {
+        self.nodes
+            .iter()
+            .filter(|n| !n.cidrs.is_empty() && n.cidrs.iter().all(|(_, create)| !create))
+            .map(|n| n.name.clone())
+            .collect()
+    }
+
+    /// Creates per node: a node is routed once that many of its creates have succeeded.
+    pub fn creates_per_node(&self) -> HashMap<String, usize> {
+        let mut out: HashMap<String, usize> = HashMap::new();
+        for c in &self.creates {
+            *out.entry(c.route.target_node.clone()).or_default() += 1;
+        }
+        out
     }
 }
 
@@ -394,6 +414,29 @@ mod tests {
             NetworkCondition::NoRouteCreated
         );
         assert_eq!(p.routed_nodes(&failed), BTreeSet::from(["a".to_string()]));
+    }
+
+    #[test]
+    fn routed_before_and_during_execution() {
+        let cluster = cidrs(&["10.244.0.0/16", "fd00:10::/56"]);
+        let nodes = [
+            node("a", &["10.244.1.0/24"]),
+            node("b", &["10.244.2.0/24"]),
+            node("dual", &["10.244.3.0/24", "fd00:10:0:3::/64"]),
+            node("nocidr", &[]),
+        ];
+        let routes = [route("a", "10.244.1.0/24")];
+        let p = plan(&nodes, &routes, &cluster);
+        // Only a is routed before the sync's creates run.
+        assert_eq!(
+            p.routed_without_creates(),
+            BTreeSet::from(["a".to_string()])
+        );
+        // b needs one create, the dual-stack node two (one per family) before it counts.
+        assert_eq!(
+            p.creates_per_node(),
+            HashMap::from([("b".to_string(), 1), ("dual".to_string(), 2)])
+        );
     }
 
     #[test]

@@ -121,12 +121,14 @@ impl Env {
             .create(&PostParams::default(), node)
             .await
             .expect("create node");
-        // Like the kubelet: status is written after registration, in case create dropped it.
+        // Like the kubelet: status is written after registration, in case create dropped it,
+        // with a strategic merge patch (conditions and addresses merged by type), so a
+        // condition the CCM wrote in between survives as it does on a real cluster.
         if let Some(status) = &node.status {
             api.patch_status(
                 node.metadata.name.as_deref().unwrap_or_default(),
                 &PatchParams::default(),
-                &Patch::Merge(json!({ "status": status })),
+                &Patch::Strategic(json!({ "status": status })),
             )
             .await
             .expect("node status")

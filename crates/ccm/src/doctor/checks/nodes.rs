@@ -185,11 +185,19 @@ pub fn kubelet_cloud_provider(snap: &Snapshot) -> Finding {
 pub fn node_metadata(snap: &Snapshot) -> Finding {
     let mut gaps = Vec::new();
     let mut first = None;
-    for n in snap
+    let initialized: Vec<&Node> = snap
         .nodes
         .iter()
         .filter(|n| !has_taint(n, TAINT_UNINITIALIZED) && !provider_id(n).is_empty())
-    {
+        .collect();
+    if initialized.is_empty() {
+        return Finding::new(
+            ID_METADATA,
+            Verdict::Skip,
+            "no initialized node to check yet",
+        );
+    }
+    for n in initialized {
         let labels = n.metadata.labels.clone().unwrap_or_default();
         let mut missing: Vec<String> = [LABEL_ZONE, LABEL_REGION, LABEL_INSTANCE_TYPE]
             .into_iter()

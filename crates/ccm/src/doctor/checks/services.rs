@@ -77,27 +77,38 @@ pub fn lb_pending(snap: &Snapshot) -> Finding {
     pending.sort_by_key(|p| std::cmp::Reverse(p.1));
     let stuck = pending[0].1 > snap.settings.grace;
     let mut evidence = Vec::new();
-    let mut silent = false;
-    for (s, age) in pending.iter().take(10) {
+    // Services without events, folded per wait: "services a, b, c and 7 more: …".
+    let mut silent: Vec<(String, Vec<String>)> = Vec::new();
+    for (s, age) in &pending {
         let ns = s.metadata.namespace.as_deref().unwrap_or_default();
         let name = s.metadata.name.as_deref().unwrap_or_default();
         let events = events_for(snap, "Service", ns, name);
-        evidence.push(format!(
-            "service {}: no address for {}",
-            key(s),
-            human(*age)
-        ));
+        let line = format!("no address for {}", human(*age));
         if events.is_empty() {
-            silent = true;
-            evidence.push("    no events for it".into());
+            match silent.iter_mut().find(|(l, _)| *l == line) {
+                Some((_, keys)) => keys.push(key(s)),
+                None => silent.push((line, vec![key(s)])),
+            }
+            continue;
         }
+        evidence.push(format!("service {}: {line}", key(s)));
         for e in events.iter().take(2) {
             evidence.push(format!("    {}", event_line(snap, e)));
         }
     }
-    if pending.len() > 10 {
-        evidence.push(format!("… and {} more", pending.len() - 10));
+    for (line, keys) in &silent {
+        evidence.push(match keys.len() {
+            1 => format!("service {}: {line}, no events", keys[0]),
+            n if n <= 3 => format!("services {}: {line}, no events", keys.join(", ")),
+            n => format!(
+                "services {} and {} more: {line}, no events",
+                keys[..3].join(", "),
+                n - 3
+            ),
+        });
     }
+    let evidence = list_some(evidence);
+    let silent = !silent.is_empty();
     let first = key(pending[0].0);
     let mut f = Finding::new(
         ID_PENDING,
