@@ -7,6 +7,8 @@
 pub mod app;
 pub mod auth;
 pub mod client;
+pub mod client_metrics;
+pub mod expfmt;
 pub mod leader;
 pub mod logging;
 pub mod options;

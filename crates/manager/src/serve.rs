@@ -6,7 +6,8 @@
 //!   CCM because the API server is down).
 //! - `/readyz`: caches are synced and the health checks pass.
 //! - `/metrics`: the whole registry (controllers, provider, workqueues, leader election,
-//!   `process_*`) in OpenMetrics text.
+//!   `rest_client_*`, `process_*`): OpenMetrics when the scraper asks for it, else the
+//!   Prometheus text format upstream serves (see [`crate::expfmt`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -139,19 +140,21 @@ async fn livez() -> &'static str {
     "ok"
 }
 
-async fn metrics(State(s): State<AppState>) -> Response {
+async fn metrics(State(s): State<AppState>, headers: header::HeaderMap) -> Response {
     let mut body = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut body, &s.registry.read()) {
         return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
     }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, body) = if crate::expfmt::wants_openmetrics(accept) {
+        (crate::expfmt::OPENMETRICS_CONTENT_TYPE, body)
+    } else {
+        (
+            crate::expfmt::TEXT_CONTENT_TYPE,
+            crate::expfmt::openmetrics_to_text(&body),
+        )
+    };
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 /// The router, for tests and for embedding.

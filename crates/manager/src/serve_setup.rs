@@ -8,7 +8,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 
 use crate::auth::{Guard, GuardConfig};
-use crate::client::{RateLimitLayer, USER_AGENT_BASE, build_client};
+use crate::client::{RateLimitLayer, USER_AGENT_BASE, build_metered_client};
+use crate::client_metrics::RestClientMetrics;
 use crate::options::{RunOptions, tls_min_version};
 use crate::serve::SecureServing;
 use crate::tls::{CertSource, TlsSettings};
@@ -18,18 +19,25 @@ use crate::tls::{CertSource, TlsSettings};
 const REVIEW_QPS: f64 = 200.0;
 const REVIEW_BURST: u32 = 400;
 
-/// Builds the secure port's settings; errors name the flag that is wrong.
-pub async fn secure_serving(o: &RunOptions, main: &kube::Config) -> anyhow::Result<SecureServing> {
+/// Builds the secure port's settings; errors name the flag that is wrong. The review clients'
+/// requests are counted in `metrics`, as client-go counts upstream's.
+pub async fn secure_serving(
+    o: &RunOptions,
+    main: &kube::Config,
+    metrics: &RestClientMetrics,
+) -> anyhow::Result<SecureServing> {
     let authn = review_client(
         o.authn.authentication_kubeconfig.as_deref(),
         "--authentication-kubeconfig",
         main,
+        metrics,
     )
     .await?;
     let authz = review_client(
         o.authz.authorization_kubeconfig.as_deref(),
         "--authorization-kubeconfig",
         main,
+        metrics,
     )
     .await?;
     let client_ca_pem = match &o.authn.client_ca_file {
@@ -79,6 +87,7 @@ async fn review_client(
     kubeconfig: Option<&Path>,
     flag: &str,
     main: &kube::Config,
+    metrics: &RestClientMetrics,
 ) -> anyhow::Result<kube::Client> {
     let config = match kubeconfig {
         Some(path) => {
@@ -90,10 +99,11 @@ async fn review_client(
         }
         None => main.clone(),
     };
-    build_client(
+    build_metered_client(
         config,
         &format!("{USER_AGENT_BASE}/delegated-auth"),
         &RateLimitLayer::new(REVIEW_QPS, REVIEW_BURST),
+        metrics,
     )
 }
 
