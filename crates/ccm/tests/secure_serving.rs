@@ -313,3 +313,77 @@ async fn a_missing_authentication_kubeconfig_is_a_startup_error_naming_the_flag(
         "{err}"
     );
 }
+
+/// The "Done when" of issue 12: a typical upstream CCM manifest's argument list (kubeadm/kOps
+/// style: separate authn/authz kubeconfigs, always-allow paths, cert dir, webhook port, leader
+/// migration) starts the real binary unchanged — only paths and the port point at this test.
+/// It leads, serves HTTPS with delegated auth, and says which flags have no effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_manifests_arguments_start_the_binary_unchanged() {
+    let kube = KubeSim::start(Config {
+        rbac: true,
+        ..Config::default()
+    })
+    .await
+    .expect("kube-sim");
+    let dir = tmpdir("upstream-args");
+    let kubeconfig = dir.join("cloud-controller-manager.conf");
+    kube.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let certs = dir.join("certs");
+    let port = free_port();
+    let k = kubeconfig.display();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args([
+            "--cloud-provider=sim".to_string(),
+            format!("--authentication-kubeconfig={k}"),
+            format!("--authorization-kubeconfig={k}"),
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez".into(),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", certs.display()),
+            "--webhook-secure-port=0".into(),
+            "--enable-leader-migration".into(),
+            "--leader-elect=true".into(),
+            "--use-service-account-credentials=false".into(),
+            "--configure-cloud-routes=false".into(),
+            "--cluster-name=kubernetes".into(),
+            format!("--kubeconfig={k}"),
+            "--profiling=false".into(),
+            "--v=2".into(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let certs2 = certs.clone();
+    let anonymous = wait_scraper(move || Scraper::for_cert_dir(addr, &certs2, None)).await;
+    assert_eq!(status(&anonymous, "/livez").await, 200);
+    assert_eq!(status(&anonymous, "/metrics").await, 401);
+    let admin =
+        Scraper::for_cert_dir(addr, &certs, Some(kube.token().to_string())).expect("scraper");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (code, body) = admin.get("/metrics").await.expect("metrics");
+        assert_eq!(code, 200, "{body}");
+        if body.contains(r#"leader_election_master_status{name="cloud-controller-manager"} 1"#) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never became leader:\n{body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Ready once its informers synced and controllers started; probes need no credentials.
+    while status(&anonymous, "/readyz").await != 200 {
+        assert!(Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = child.start_kill();
+    let out = child.wait_with_output().await.expect("output");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--enable-leader-migration"),
+        "no leader-migration notice:\n{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
