@@ -6,4 +6,4 @@ if ! command -v promtool >/dev/null 2>&1; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
-promtool --version 2>&1 | head -1
+promtool --version 2>&1 | sed -n 1p
