@@ -24,6 +24,55 @@ pub const SUBNETS: &str = "service.beta.kubernetes.io/aws-load-balancer-subnets"
 /// `aws-load-balancer-nlb-target-type`: only `instance` is supported.
 pub const NLB_TARGET_TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type";
 
+/// Upstream annotations not implemented yet whose absence would change what the LB exposes or
+/// where traffic goes: a Service carrying one gets an error (a Warning Event) instead of a load
+/// balancer that silently differs. (The access-log and connection-draining/idle annotations only
+/// tune an LB that works without them; they are ignored, as docs/providers/aws.md says.)
+const REFUSED: &[(&str, &str)] = &[
+    (
+        "ssl-cert",
+        "TLS listeners are not implemented yet; the LB would serve plain TCP",
+    ),
+    ("ssl-ports", "TLS listeners are not implemented yet"),
+    (
+        "ssl-negotiation-policy",
+        "TLS listeners are not implemented yet",
+    ),
+    ("backend-protocol", "only TCP listeners are implemented yet"),
+    (
+        "proxy-protocol",
+        "PROXY protocol is not implemented yet; backends would get none",
+    ),
+    (
+        "security-groups",
+        "the LB would get its own security group instead of the named ones",
+    ),
+    (
+        "extra-security-groups",
+        "additional LB security groups are not implemented yet",
+    ),
+    (
+        "eip-allocations",
+        "the NLB would get AWS-assigned addresses instead of these EIPs",
+    ),
+    (
+        "target-node-labels",
+        "every node would become a target, not only the labelled ones",
+    ),
+];
+
+fn refused(ann: &BTreeMap<String, String>) -> CloudResult<()> {
+    for (suffix, why) in REFUSED {
+        let key = format!("{PREFIX}{suffix}");
+        if ann.contains_key(&key) {
+            return Err(CloudError::Permanent(format!(
+                "annotation {key} is not supported by ccm-rs's AWS provider yet: {why}; remove it to get a load balancer without it"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Health check settings (`aws-load-balancer-healthcheck-*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthCheck {
@@ -124,7 +173,8 @@ fn kind(ann: &BTreeMap<String, String>) -> CloudResult<Kind> {
     match ann.get(TYPE).map(|v| v.trim()) {
         None | Some("") | Some("classic") => Ok(Kind::Classic),
         Some("nlb") => Ok(Kind::Network),
-        Some("external") => Err(CloudError::ImplementedElsewhere),
+        // Upstream leaves these to the AWS Load Balancer Controller.
+        Some("external") | Some("nlb-ip") => Err(CloudError::ImplementedElsewhere),
         Some(v) => Err(bad(TYPE, v, "nlb (or no annotation for a Classic ELB)")),
     }
 }
@@ -197,6 +247,7 @@ fn health(ann: &BTreeMap<String, String>, svc: &Service, kind: Kind) -> CloudRes
 pub fn parse(svc: &Service) -> CloudResult<LbSpec> {
     let ann = svc.metadata.annotations.clone().unwrap_or_default();
     let kind = kind(&ann)?;
+    refused(&ann)?;
     if kind == Kind::Network
         && let Some(t) = ann.get(NLB_TARGET_TYPE).map(|v| v.trim())
         && t != "instance"
@@ -361,9 +412,28 @@ mod tests {
             let e = parse(&svc(&[(k, v)], false)).expect_err(k);
             assert!(e.to_string().contains(k), "{e}");
         }
-        assert!(matches!(
-            parse(&svc(&[(TYPE, "external")], false)),
-            Err(CloudError::ImplementedElsewhere)
-        ));
+        for t in ["external", "nlb-ip"] {
+            assert!(matches!(
+                parse(&svc(&[(TYPE, t)], false)),
+                Err(CloudError::ImplementedElsewhere)
+            ));
+        }
+    }
+
+    #[test]
+    fn annotations_that_change_exposure_are_refused_not_ignored() {
+        let cert = "service.beta.kubernetes.io/aws-load-balancer-ssl-cert";
+        let e = parse(&svc(
+            &[(cert, "arn:aws:acm:us-east-1:1:certificate/x")],
+            false,
+        ))
+        .expect_err("TLS is not implemented");
+        assert!(
+            matches!(&e, CloudError::Permanent(m) if m.contains(cert) && m.contains("plain TCP")),
+            "{e:?}"
+        );
+        // Tuning-only annotations are ignored: the LB works without them.
+        let idle = "service.beta.kubernetes.io/aws-load-balancer-connection-idle-timeout";
+        assert!(parse(&svc(&[(idle, "120")], false)).is_ok());
     }
 }

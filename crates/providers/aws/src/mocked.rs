@@ -393,6 +393,22 @@ fn throttling_surfaces_as_throttled_after_the_sdks_three_attempts() {
     // The next reconcile, with AWS calm again, succeeds.
     let again = rt().block_on(cloud.instances_status(&[with_pid(0)]));
     assert!(again[0].as_ref().expect("calm").exists);
+
+    // Upstream's metric families, as /metrics serves them: one failed and one good operation.
+    let mut registry = prometheus_client::registry::Registry::default();
+    ccm_cloud::CloudProvider::register_metrics(&cloud, &mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    assert!(
+        text.contains("cloudprovider_aws_api_request_errors{request=\"DescribeInstances\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "cloudprovider_aws_api_request_duration_seconds_count{request=\"DescribeInstances\"} 2\n"
+        ),
+        "{text}"
+    );
 }
 
 #[test]

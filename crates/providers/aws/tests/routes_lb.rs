@@ -429,3 +429,50 @@ async fn network_load_balancer_lifecycle() -> anyhow::Result<()> {
     );
     cluster.stop_ccm().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_cluster_costs_only_the_batched_address_refresh() -> anyhow::Result<()> {
+    // A moto of its own: its call recorder must see this cluster's calls only.
+    let moto = Moto::start();
+    let world = AwsWorld::create(&moto, "us-east-1").await?;
+    let mut instances = world.run_instances(2, 0).await?;
+    instances.extend(world.run_instances(2, 1).await?);
+    let mut cluster = Cluster::start().await?;
+    // A short refresh period stands in for upstream's 5 minutes.
+    cluster
+        .start_ccm(
+            world.provider().await,
+            &["--node-status-update-frequency=2s"],
+        )
+        .await?;
+    for (i, (_, dns)) in instances.iter().enumerate() {
+        cluster.add_node(dns, &pod_cidr(i)).await?;
+    }
+    cluster.create_service("web", json!({}), &[80]).await?;
+    let nlb = json!({"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"});
+    cluster.create_service("api", nlb, &[80]).await?;
+    wait_ingress(&cluster, "web").await?;
+    wait_ingress(&cluster, "api").await?;
+    wait_for("a route per node", Duration::from_secs(60), || async {
+        let n = world.routes().await?.len();
+        Ok(if n == instances.len() {
+            Ok(())
+        } else {
+            Err(format!("{n} routes"))
+        })
+    })
+    .await?;
+    // Let the last writes (ingress status, route sync) settle, then watch 8 s of quiet.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    moto.start_recording().await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let calls = moto.recorded().await;
+    let describes = calls.get("DescribeInstances").copied().unwrap_or(0);
+    assert!(
+        calls.keys().all(|a| a == "DescribeInstances"),
+        "an idle cluster made other calls: {calls:?}"
+    );
+    // One call per refresh for all 4 nodes (8 s / 2 s, plus one in flight at either edge).
+    assert!((1..=5).contains(&describes), "{calls:?}");
+    cluster.stop_ccm().await
+}
