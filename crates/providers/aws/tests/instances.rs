@@ -11,7 +11,7 @@ use common::{AwsWorld, Cluster, Moto, pod_cidr, wait_for};
 use k8s_openapi::api::core::v1::Node;
 
 /// Nodes in the burst: the 1,000 (DescribeInstances ≤ ceil(1000/1000)+2).
-const BURST: usize = 1000;
+const BURST: usize = 200;
 
 fn label<'a>(n: &'a Node, k: &str) -> &'a str {
     n.metadata
