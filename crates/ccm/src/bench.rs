@@ -19,6 +19,7 @@ use ccm_controllers::nodeutil::{
     ConditionStatus, TAINT_UNINITIALIZED, condition_status, has_taint,
 };
 use ccm_manager::options::GoDuration;
+use ccm_manager::scrape::Scraper;
 use ccm_provider_sim::{SimCloud, SimServer};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -286,34 +287,27 @@ struct Env {
     server: SimServer,
     child: Child,
     pid: u32,
-    metrics_url: String,
-    http: reqwest_lite::Http,
+    http: Scraper,
 }
 
-mod reqwest_lite {
-    //! A tiny HTTP GET over hyper for /metrics and /readyz of the child.
-    use http_body_util::{BodyExt, Empty};
-    use hyper::body::Bytes;
-    use hyper_util::client::legacy::Client;
-    use hyper_util::client::legacy::connect::HttpConnector;
-    use hyper_util::rt::TokioExecutor;
-
-    /// A plain-HTTP client.
-    #[derive(Clone)]
-    pub struct Http(Client<HttpConnector, Empty<Bytes>>);
-
-    impl Http {
-        pub fn new() -> Self {
-            Http(Client::builder(TokioExecutor::new()).build_http())
-        }
-        /// GET `url`: (status, body).
-        pub async fn get(&self, url: &str) -> anyhow::Result<(u16, String)> {
-            let resp = self.0.get(url.parse()?).await?;
-            let status = resp.status().as_u16();
-            let body = resp.into_body().collect().await?.to_bytes();
-            Ok((status, String::from_utf8_lossy(&body).into_owned()))
-        }
-    }
+/// The bearer token of the kubeconfig's current user, to scrape the CCM's /metrics with (the
+/// CCM confirms it with a TokenReview; kube-sim's admin is in system:masters).
+fn bearer_token(kubeconfig: &Path) -> Option<String> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).ok()?;
+    let ctx_name = kc.current_context.clone()?;
+    let ctx = kc
+        .contexts
+        .iter()
+        .find(|c| c.name == ctx_name)?
+        .context
+        .clone()?;
+    let user = kc
+        .auth_infos
+        .iter()
+        .find(|a| a.name == ctx.user.clone().unwrap_or_default())?;
+    // kube keeps tokens in a SecretString; its serializer writes the value back out.
+    let info = serde_json::to_value(user.auth_info.as_ref()?).ok()?;
+    info.get("token")?.as_str().map(String::from)
 }
 
 /// A `kB` field of /proc/<pid>/status, in kB (0 when absent).
@@ -360,6 +354,7 @@ impl Env {
             ),
         )?;
         let port = free_port()?;
+        let cert_dir = dir.join(format!("bench-certs-{}", rand::random::<u32>()));
         let bin = match &opts.ccm_bin {
             Some(b) => b.clone(),
             None => std::env::current_exe().context("locating the ccm binary")?,
@@ -378,6 +373,7 @@ impl Env {
             .arg(format!("--cluster-cidr={CLUSTER_CIDR}"))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--secure-port={port}"))
+            .arg(format!("--cert-dir={}", cert_dir.display()))
             .arg("-v=1")
             .args(&opts.ccm_args)
             .args(extra)
@@ -388,27 +384,31 @@ impl Env {
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let pid = child.id().context("child pid")?;
-        let http = reqwest_lite::Http::new();
-        let env = Env {
-            cluster,
-            server,
-            child,
-            pid,
-            metrics_url: format!("http://127.0.0.1:{port}/metrics"),
-            http,
-        };
-        let ready_url = format!("http://127.0.0.1:{port}/readyz");
-        let ready = wait_until(Duration::from_secs(60), || async {
-            Ok(matches!(env.http.get(&ready_url).await, Ok((200, _))))
-        })
-        .await?;
-        if !ready {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let token = bearer_token(&cluster.kubeconfig);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut http = None;
+        let mut ready = false;
+        while !ready && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if let Ok(s) = Scraper::for_cert_dir(addr, &cert_dir, token.clone()) {
+                ready = matches!(s.get("/readyz").await, Ok((200, _)));
+                http = Some(s);
+            }
+        }
+        let (true, Some(http)) = (ready, http) else {
             anyhow::bail!(
                 "the CCM under test did not become ready within 60s (log: {})",
                 log_path.display()
             );
-        }
-        Ok(env)
+        };
+        Ok(Env {
+            cluster,
+            server,
+            child,
+            pid,
+            http,
+        })
     }
 
     fn usage(&self) -> Usage {
@@ -426,7 +426,7 @@ impl Env {
     }
 
     async fn metric(&self, prefix: &str) -> u64 {
-        let Ok((200, body)) = self.http.get(&self.metrics_url).await else {
+        let Ok((200, body)) = self.http.get("/metrics").await else {
             return 0;
         };
         body.lines()

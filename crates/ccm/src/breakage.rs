@@ -213,6 +213,12 @@ pub async fn run(opts: &DemoOptions, breakage: Breakage) -> anyhow::Result<ExitC
         .await?;
         anyhow::ensure!(settled, "the CCM did not initialize the demo's nodes");
     }
+    if let Some(ccm) = &ccm {
+        println!(
+            "{}",
+            crate::demo::metrics_hint(&ccm.metrics_url, &kubeconfig)
+        );
+    }
     println!(
         "✘ broken on purpose. Diagnose it (read-only):\n  ccm doctor --kubeconfig {}",
         kubeconfig.display()

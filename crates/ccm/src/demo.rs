@@ -96,6 +96,26 @@ pub(crate) struct Ccm {
     rt: Arc<Runtime>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<Exit>>,
+    /// Where the CCM serves `/metrics` (HTTPS, self-signed, delegated auth).
+    pub(crate) metrics_url: String,
+}
+
+/// A loopback port free right now, for the demo CCM's secure port (a fixed 10258 would clash
+/// with a second demo or a real CCM on the same machine).
+fn free_loopback_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// How to read the demo CCM's metrics, without printing the token.
+pub(crate) fn metrics_hint(url: &str, kubeconfig: &std::path::Path) -> String {
+    format!(
+        "CCM metrics at {url} (HTTPS, self-signed; authorized by the API server like upstream's) — try:\n  \
+         ccm doctor --kubeconfig {k}\n  \
+         curl -sk -H \"Authorization: Bearer $(kubectl --kubeconfig {k} config view --raw -o jsonpath='{{.users[0].user.token}}')\" {url}",
+        k = kubeconfig.display()
+    )
 }
 
 impl Ccm {
@@ -105,12 +125,14 @@ impl Ccm {
         extra: &[&str],
     ) -> anyhow::Result<(Self, ControllerHandles)> {
         let kubeconfig = cluster.kubeconfig.display().to_string();
+        let port = free_loopback_port().context("no free loopback port for the secure port")?;
         let mut argv = vec![
             "ccm".to_string(),
             "--cloud-provider=sim".into(),
             format!("--kubeconfig={kubeconfig}"),
             format!("--cluster-cidr={CLUSTER_CIDR}"),
-            "--secure-port=0".into(),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
             "--leader-elect-retry-period=500ms".into(),
         ];
         argv.extend(extra.iter().map(|s| s.to_string()));
@@ -149,7 +171,16 @@ impl Ccm {
         })
         .await
         .context("the CCM did not start its controllers within 60s")??;
-        Ok((Ccm { rt, shutdown, task }, handles))
+        let metrics_url = format!("https://127.0.0.1:{port}/metrics");
+        Ok((
+            Ccm {
+                rt,
+                shutdown,
+                task,
+                metrics_url,
+            },
+            handles,
+        ))
     }
 
     pub(crate) async fn stop(self) -> anyhow::Result<()> {
@@ -285,6 +316,15 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<std::process::ExitCode> {
         );
     }
     let (ccm, handles) = Ccm::start(&cluster, &[]).await?;
+    println!(
+        "{}",
+        metrics_hint(
+            &ccm.metrics_url,
+            opts.kubeconfig_out
+                .as_deref()
+                .unwrap_or(&cluster.kubeconfig)
+        )
+    );
     println!(
         "ccm demo: {} nodes, {} LoadBalancer services, cloud latency {}, fault rate {}",
         opts.nodes, opts.services, opts.cloud_latency, opts.fault_rate

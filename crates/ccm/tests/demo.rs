@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ccm_manager::scrape::Scraper;
+
 #[test]
 fn demo_converges_and_writes_a_summary() {
     let dir = std::env::temp_dir().join(format!("ccm-demo-test-{}", std::process::id()));
@@ -59,29 +61,35 @@ fn free_port() -> u16 {
         .expect("free port")
 }
 
-fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-    Some((code, body))
+/// An HTTPS client for the CCM's secure port: trusts the self-signed certificate the CCM
+/// writes to `cert_dir` (waiting for it) and authenticates with kube-sim's admin token.
+async fn scraper(addr: SocketAddr, cert_dir: &std::path::Path, token: &str) -> Scraper {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(s) = Scraper::for_cert_dir(addr, cert_dir, Some(token.to_string())) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no certificate in {}",
+            cert_dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn get(s: &Scraper, path: &str) -> Option<(u16, String)> {
+    s.get(path).await.ok()
 }
 
 /// Waits until the CCM is ready *and* leads with its controllers started (a standby is ready
 /// too, so /readyz alone does not say the controllers run).
-async fn wait_controllers(addr: SocketAddr) {
+async fn wait_controllers(s: &Scraper) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let ready = matches!(get(addr, "/readyz"), Some((200, _)));
-        let healthz = get(addr, "/healthz?verbose")
+        let ready = matches!(get(s, "/readyz").await, Some((200, _)));
+        let healthz = get(s, "/healthz?verbose")
+            .await
             .map(|r| r.1)
             .unwrap_or_default();
         if ready && healthz.contains("[+]service-lb-controller ok") {
@@ -105,12 +113,14 @@ async fn run_serves_health_and_upstream_metrics() {
     let kubeconfig = dir.join("kubeconfig");
     kube.write_kubeconfig(&kubeconfig).expect("kubeconfig");
     let port = free_port();
+    let cert_dir = dir.join("certs");
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ccm"))
         .args([
             "--cloud-provider=sim",
             "--cluster-cidr=10.128.0.0/9",
             "--bind-address=127.0.0.1",
         ])
+        .arg(format!("--cert-dir={}", cert_dir.display()))
         .arg(format!("--secure-port={port}"))
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .stdout(Stdio::null())
@@ -119,14 +129,15 @@ async fn run_serves_health_and_upstream_metrics() {
         .spawn()
         .expect("spawn");
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    wait_controllers(addr).await;
-    let (code, body) = get(addr, "/healthz?verbose").expect("healthz");
+    let s = scraper(addr, &cert_dir, kube.token()).await;
+    wait_controllers(&s).await;
+    let (code, body) = get(&s, "/healthz?verbose").await.expect("healthz");
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("[+]leaderElection ok"), "{body}");
     assert!(body.contains("[+]node-route-controller ok"), "{body}");
-    assert_eq!(get(addr, "/livez").map(|r| r.0), Some(200));
-    assert_eq!(get(addr, "/healthz/nope").map(|r| r.0), Some(500));
-    let (code, metrics) = get(addr, "/metrics").expect("metrics");
+    assert_eq!(get(&s, "/livez").await.map(|r| r.0), Some(200));
+    assert_eq!(get(&s, "/healthz/nope").await.map(|r| r.0), Some(500));
+    let (code, metrics) = get(&s, "/metrics").await.expect("metrics");
     assert_eq!(code, 200);
     for name in [
         "cloudprovider_api_requests_total",
@@ -157,7 +168,7 @@ async fn run_serves_health_and_upstream_metrics() {
 async fn spawn_run(
     kube: &ccm_kube_sim::KubeSim,
     extra: &[&str],
-) -> (tokio::process::Child, SocketAddr) {
+) -> (tokio::process::Child, SocketAddr, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!(
         "ccm-sa-test-{}-{}",
         std::process::id(),
@@ -174,6 +185,7 @@ async fn spawn_run(
             "--bind-address=127.0.0.1",
         ])
         .args(extra)
+        .arg(format!("--cert-dir={}", dir.join("certs").display()))
         .arg(format!("--secure-port={port}"))
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .stdout(Stdio::null())
@@ -181,7 +193,11 @@ async fn spawn_run(
         .kill_on_drop(true)
         .spawn()
         .expect("spawn");
-    (child, SocketAddr::from(([127, 0, 0, 1], port)))
+    (
+        child,
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        dir.join("certs"),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,7 +209,7 @@ async fn service_account_credentials_mint_a_token_per_controller() {
         .expect("kube-sim");
 
     // Without the service accounts: a clear startup error naming the account.
-    let (child, _) = spawn_run(&kube, &["--use-service-account-credentials"]).await;
+    let (child, _, _) = spawn_run(&kube, &["--use-service-account-credentials"]).await;
     let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
         .await
         .expect("exits")
@@ -210,8 +226,9 @@ async fn service_account_credentials_mint_a_token_per_controller() {
             .await
             .expect("create sa");
     }
-    let (mut child, addr) = spawn_run(&kube, &["--use-service-account-credentials"]).await;
-    wait_controllers(addr).await;
+    let (mut child, addr, cert_dir) =
+        spawn_run(&kube, &["--use-service-account-credentials"]).await;
+    wait_controllers(&scraper(addr, &cert_dir, kube.token()).await).await;
     let minted = kube.count_requests(|k| {
         k.resource == "serviceaccounts" && k.subresource == "token" && (200..300).contains(&k.code)
     });

@@ -435,6 +435,12 @@ fn demo_break_scenarios_are_what_doctor_reports() {
                 f["leader-election"]
             );
             assert!(text(&f["kubelet-cloud-provider"]).contains("kubelet on node node-00004"));
+            // The real CCM's metrics, over HTTPS with the kubeconfig's token (TokenReview and
+            // SubjectAccessReview by the CCM): watch-mode route syncs, a ✅.
+            assert_eq!(f["route-syncs"]["verdict"], "ok", "{:#}", f["route-syncs"]);
+            let route = text(&f["route-syncs"]);
+            assert!(route.contains("read https://127.0.0.1:"), "{route}");
+            assert!(route.contains("route syncs in"), "{route}");
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -9,17 +9,19 @@
 //!
 //! Metrics use the upstream `workqueue_*` names with the queue's `name` label.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::Hash;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -48,6 +50,15 @@ struct QueueLabels {
     name: String,
 }
 
+/// What a queue shows of its keys in processing, for the scrape-time gauges.
+trait InFlight: Send + Sync {
+    /// The sum and the longest of the seconds each key in processing has been processed.
+    fn in_flight(&self, now: Instant) -> (f64, f64);
+}
+
+/// Every queue sharing a [`QueueMetrics`], by name (weak: a dropped queue disappears).
+type QueueList = Arc<Mutex<Vec<(String, Weak<dyn InFlight>)>>>;
+
 /// Upstream-named workqueue metrics, shared by all queues of a process.
 #[derive(Clone)]
 pub struct QueueMetrics {
@@ -56,11 +67,69 @@ pub struct QueueMetrics {
     retries: Family<QueueLabels, Counter>,
     queue_duration: Family<QueueLabels, Histogram>,
     work_duration: Family<QueueLabels, Histogram>,
+    queues: QueueList,
 }
 
 fn latency_histogram() -> Histogram {
-    // client-go's workqueue buckets: 1e-8 … 1e1 seconds, ×10.
-    Histogram::new(exponential_buckets(1e-8, 10.0, 10))
+    // component-base's workqueue buckets: ExponentialBuckets(10e-7, 10, 10), 1e-6 … 1e3 s.
+    Histogram::new(go_exponential_buckets(1e-6, 10.0, 10))
+}
+
+/// client_golang's `ExponentialBuckets`: each bound the previous one times `factor`, so the
+/// bounds are the same floats as upstream's (9.999999999999999e-06, not 1e-05).
+fn go_exponential_buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
+    std::iter::successors(Some(start), |b| Some(b * factor))
+        .take(count)
+        .collect()
+}
+
+/// `workqueue_unfinished_work_seconds` and `workqueue_longest_running_processor_seconds`,
+/// computed from the queues' processing keys when scraped (client-go refreshes them every
+/// 500 ms; reading at scrape time is as fresh and costs nothing between scrapes).
+#[derive(Debug)]
+struct InFlightCollector {
+    queues: QueueList,
+}
+
+impl InFlightCollector {
+    fn totals(&self) -> BTreeMap<String, (f64, f64)> {
+        let now = Instant::now();
+        let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        let mut queues = self.queues.lock();
+        queues.retain(|(_, q)| q.strong_count() > 0);
+        for (name, q) in queues.iter() {
+            let (sum, max) = q.upgrade().map_or((0.0, 0.0), |q| q.in_flight(now));
+            let e = out.entry(name.clone()).or_default();
+            e.0 += sum;
+            e.1 = e.1.max(max);
+        }
+        out
+    }
+}
+
+impl Collector for InFlightCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let totals = self.totals();
+        for (metric, help, pick) in [
+            (
+                "workqueue_unfinished_work_seconds",
+                "How many seconds of work has done that is in progress and hasn't been observed by work_duration. Large values indicate stuck threads. One can deduce the number of stuck threads by observing the rate at which this increases.",
+                (|t: &(f64, f64)| t.0) as fn(&(f64, f64)) -> f64,
+            ),
+            (
+                "workqueue_longest_running_processor_seconds",
+                "How many seconds has the longest running processor for workqueue been running.",
+                |t: &(f64, f64)| t.1,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(metric, help, None, MetricType::Gauge)?;
+            for (name, t) in &totals {
+                let labels = QueueLabels { name: name.clone() };
+                ConstGauge::new(pick(t)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for QueueMetrics {
@@ -71,6 +140,7 @@ impl Default for QueueMetrics {
             retries: Family::default(),
             queue_duration: Family::new_with_constructor(latency_histogram),
             work_duration: Family::new_with_constructor(latency_histogram),
+            queues: QueueList::default(),
         }
     }
 }
@@ -104,6 +174,9 @@ impl QueueMetrics {
             "How long in seconds processing an item from workqueue takes",
             m.work_duration.clone(),
         );
+        registry.register_collector(Box::new(InFlightCollector {
+            queues: m.queues.clone(),
+        }));
         m
     }
 }
@@ -118,6 +191,18 @@ struct State<K> {
     delayed_due: HashMap<K, Instant>,
     failures: HashMap<K, u32>,
     seq: u64,
+}
+
+impl<K: Send + Sync> InFlight for Shared<K> {
+    fn in_flight(&self, now: Instant) -> (f64, f64) {
+        let st = self.state.lock();
+        st.processing
+            .values()
+            .fold((0.0, 0.0), |(sum, max), started| {
+                let secs = now.saturating_duration_since(*started).as_secs_f64();
+                (sum + secs, f64::max(max, secs))
+            })
+    }
 }
 
 struct Shared<K> {
@@ -154,7 +239,18 @@ where
         metrics: QueueMetrics,
         shutdown: CancellationToken,
     ) -> Self {
-        WorkQueue {
+        // Every series exists from the start, at zero, as client-go's per-queue metrics do:
+        // `rate(workqueue_retries_total[5m])` is 0, not absent, for a queue that never failed.
+        let labels = QueueLabels {
+            name: name.to_string(),
+        };
+        drop(metrics.adds.get_or_create(&labels));
+        drop(metrics.depth.get_or_create(&labels));
+        drop(metrics.retries.get_or_create(&labels));
+        drop(metrics.queue_duration.get_or_create(&labels));
+        drop(metrics.work_duration.get_or_create(&labels));
+        let queues = metrics.queues.clone();
+        let queue = WorkQueue {
             shared: Arc::new(Shared {
                 name: QueueLabels {
                     name: name.to_string(),
@@ -173,7 +269,13 @@ where
                 metrics,
                 shutdown,
             }),
-        }
+        };
+        let weak: Weak<dyn InFlight> = Arc::downgrade(&(queue.shared.clone() as Arc<dyn InFlight>));
+        let mut list = queues.lock();
+        list.retain(|(_, q)| q.strong_count() > 0);
+        list.push((name.to_string(), weak));
+        drop(list);
+        queue
     }
 
     /// Queues `key` now (no-op if already queued).
@@ -288,6 +390,11 @@ where
         }
         if st.dirty.contains_key(key) {
             st.queue.push_back(key.clone());
+            self.shared
+                .metrics
+                .depth
+                .get_or_create(&self.shared.name)
+                .set(st.queue.len() as i64);
             self.shared.notify.notify_one();
         }
     }
@@ -470,6 +577,69 @@ mod tests {
             .await
             .expect("batch");
         assert_eq!(batch, vec!["a", "b", "c"]);
+    }
+
+    fn scrape(reg: &Registry) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, reg).expect("encode");
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_flight_gauges_follow_processing_keys() {
+        let mut reg = Registry::default();
+        let metrics = QueueMetrics::new(&mut reg);
+        let q: WorkQueue<String> = WorkQueue::new(
+            "Nodes",
+            Backoff {
+                base: Duration::from_millis(5),
+                max: Duration::from_secs(1),
+            },
+            metrics,
+            CancellationToken::new(),
+        );
+        let out = scrape(&reg);
+        assert!(
+            out.contains(r#"workqueue_longest_running_processor_seconds{name="Nodes"} 0.0"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"workqueue_retries_total{name="Nodes"} 0"#),
+            "{out}"
+        );
+        q.add("a".into());
+        q.add("b".into());
+        let a = q.get().await.expect("a");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let b = q.get().await.expect("b");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let out = scrape(&reg);
+        // a: 3 s, b: 1 s in processing.
+        assert!(
+            out.contains(r#"workqueue_unfinished_work_seconds{name="Nodes"} 4.0"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"workqueue_longest_running_processor_seconds{name="Nodes"} 3.0"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"workqueue_adds_total{name="Nodes"} 2"#),
+            "{out}"
+        );
+        q.done(&a);
+        q.done(&b);
+        let out = scrape(&reg);
+        assert!(
+            out.contains(r#"workqueue_unfinished_work_seconds{name="Nodes"} 0.0"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"workqueue_work_duration_seconds_count{name="Nodes"} 2"#),
+            "{out}"
+        );
+        drop(q);
+        assert!(!scrape(&reg).contains("workqueue_unfinished_work_seconds{"));
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod patch;
 mod proto;
 pub mod rbac;
 mod resources;
+mod review;
 mod selectors;
 mod server;
 mod status;
@@ -436,6 +437,21 @@ fn seed(store: &Store, cfg: &Config) -> anyhow::Result<()> {
             }),
         )
         .map_err(|e| anyhow::anyhow!("seeding the kubernetes Service: {e}"))?;
+    // kube-apiserver's bootstrap Role for components that delegate authentication (a CCM's
+    // secure port reads the client CA from this ConfigMap); CCM manifests bind it.
+    store
+        .create(
+            ids::ROLES,
+            "kube-system",
+            json!({
+                "metadata": {"name": "extension-apiserver-authentication-reader",
+                             "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                           "resourceNames": ["extension-apiserver-authentication"],
+                           "verbs": ["get", "list", "watch"]}],
+            }),
+        )
+        .map_err(|e| anyhow::anyhow!("seeding the bootstrap Role: {e}"))?;
     Ok(())
 }
 

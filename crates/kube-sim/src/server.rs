@@ -484,6 +484,9 @@ impl Shared {
             }
             _ => {}
         }
+        if let Some(review) = crate::review::Review::from_path(&segs) {
+            return self.review(review, &parts, body, &user).await;
+        }
         let target = match parse_target(&segs) {
             Ok(Some(t)) => t,
             Ok(None) => return error_resp(&ApiError::no_route()),
@@ -605,6 +608,61 @@ impl Shared {
             .ok()
             .and_then(|v| serde_json::to_vec(&*v).ok())
             .map_or(0, |b| b.len())
+    }
+
+    /// TokenReview / SubjectAccessReview: create-only, answered from the tokens and RBAC.
+    async fn review<B>(
+        &self,
+        review: crate::review::Review,
+        parts: &http::request::Parts,
+        body: B,
+        user: &UserInfo,
+    ) -> Response<Body>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let (group, plural) = review.resource();
+        let result = async {
+            if parts.method != Method::POST {
+                return Err(ApiError::bad_request(format!(
+                    "{plural}.{group} supports only create"
+                )));
+            }
+            self.enforce(user, || crate::review::create_attributes(review, user))?;
+            let bytes = Limited::new(body, MAX_BODY)
+                .collect()
+                .await
+                .map_err(|_| ApiError::too_large())?
+                .to_bytes();
+            let req = parse_body(&bytes)?;
+            crate::review::answer(
+                review,
+                &req,
+                |t| self.tokens.read().get(t).cloned(),
+                |a| self.authorize(a),
+            )
+        }
+        .await;
+        let resp = match result {
+            Ok(v) => json_resp(201, &v),
+            Err(e) => error_resp(&e),
+        };
+        let client = parts
+            .headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("unknown");
+        self.metrics.record(RequestKey {
+            verb: Verb::Create,
+            group: group.to_string(),
+            resource: plural.to_string(),
+            subresource: String::new(),
+            code: resp.status().as_u16(),
+            client: client.chars().take(256).collect(),
+            user: user.name.clone(),
+        });
+        resp
     }
 
     fn count(&self, verb: Verb, t: &Target, code: u16, client: &str, user: &UserInfo) {

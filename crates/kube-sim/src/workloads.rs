@@ -13,9 +13,40 @@ use serde_json::{Map, Value, json};
 use crate::kinds::KindCtx;
 use crate::status::FieldError;
 
+/// Go's "unset": a missing or null field, or the empty string a Go string field holds when
+/// nobody set it. Clients built on client-go send those empty strings (protobuf always writes
+/// non-pointer string fields; JSON writes them unless `omitempty`), and kube-apiserver's
+/// `SetDefaults_*` functions test `== ""`, so `kubectl create deployment` arrives with
+/// `restartPolicy: ""` and leaves with `Always`.
+fn unset(v: Option<&Value>) -> bool {
+    v.is_none_or(|v| v.is_null() || v.as_str() == Some(""))
+}
+
 fn default(obj: &mut Map<String, Value>, key: &str, v: Value) {
-    if obj.get(key).is_none_or(Value::is_null) {
+    if unset(obj.get(key)) {
         obj.insert(key.into(), v);
+    }
+}
+
+/// `strategy` / `updateStrategy`: an empty or typeless strategy becomes `RollingUpdate`, and a
+/// rolling update gets its missing bounds, as `SetDefaults_Deployment` / `_DaemonSet` do.
+fn default_strategy(spec: &mut Map<String, Value>, key: &str, bounds: &Value) {
+    default(spec, key, json!({}));
+    let Some(s) = spec.get_mut(key).and_then(Value::as_object_mut) else {
+        return;
+    };
+    default(s, "type", json!("RollingUpdate"));
+    if s.get("type").and_then(Value::as_str) != Some("RollingUpdate") {
+        return;
+    }
+    default(s, "rollingUpdate", json!({}));
+    if let (Some(ru), Some(b)) = (
+        s.get_mut("rollingUpdate").and_then(Value::as_object_mut),
+        bounds.as_object(),
+    ) {
+        for (k, v) in b {
+            default(ru, k, v.clone());
+        }
     }
 }
 
@@ -186,10 +217,10 @@ pub fn deployment(ctx: &KindCtx, obj: &mut Value, errs: &mut Vec<FieldError>) {
         default(spec, "replicas", json!(1));
         default(spec, "revisionHistoryLimit", json!(10));
         default(spec, "progressDeadlineSeconds", json!(600));
-        default(
+        default_strategy(
             spec,
             "strategy",
-            json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}),
+            &json!({"maxUnavailable": "25%", "maxSurge": "25%"}),
         );
     }
     if obj
@@ -211,16 +242,11 @@ pub fn deployment(ctx: &KindCtx, obj: &mut Value, errs: &mut Vec<FieldError>) {
 pub fn daemonset(ctx: &KindCtx, obj: &mut Value, errs: &mut Vec<FieldError>) {
     if let Some(spec) = obj_at(obj, "spec") {
         default(spec, "revisionHistoryLimit", json!(10));
-        default(
+        default_strategy(
             spec,
             "updateStrategy",
-            json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}),
+            &json!({"maxUnavailable": 1, "maxSurge": 0}),
         );
-    }
-    if let Some(ru) = obj.pointer_mut("/spec/updateStrategy/rollingUpdate")
-        && let Some(m) = ru.as_object_mut()
-    {
-        default(m, "maxSurge", json!(0));
     }
     default_template(obj);
     validate_template(ctx, obj, errs);

@@ -338,3 +338,45 @@ async fn delete_waits_for_finalizer() {
     assert!(nodes.get_opt("held").await.unwrap().is_none());
     tokio::time::timeout(SOON, remover).await.unwrap().unwrap();
 }
+
+/// kubectl's typed `create deployment` sends protobuf with every unset Go string as `""`;
+/// kube-apiserver defaults those before validating, so the Deployment is accepted and stored
+/// with the pod-template defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_deployment_gets_pod_template_defaults() {
+    let sim = tls_sim().await;
+    let k = Kubectl::new(&sim, "deploy");
+    let out = k
+        .ok(&["create", "deployment", "d1", "--image=nginx:1.27"])
+        .await;
+    assert!(out.contains("deployment.apps/d1 created"), "{out}");
+    let d = k.json(&["get", "deployment", "d1"]).await;
+    let spec = &d["spec"]["template"]["spec"];
+    assert_eq!(spec["restartPolicy"], "Always", "{d}");
+    assert_eq!(spec["dnsPolicy"], "ClusterFirst", "{d}");
+    assert_eq!(spec["terminationGracePeriodSeconds"], 30, "{d}");
+    assert_eq!(spec["schedulerName"], "default-scheduler", "{d}");
+    let c = &spec["containers"][0];
+    assert_eq!(c["terminationMessagePath"], "/dev/termination-log", "{d}");
+    assert_eq!(c["terminationMessagePolicy"], "File", "{d}");
+    assert_eq!(c["imagePullPolicy"], "IfNotPresent", "{d}");
+    assert_eq!(d["spec"]["strategy"]["type"], "RollingUpdate", "{d}");
+    assert_eq!(
+        d["spec"]["strategy"]["rollingUpdate"]["maxSurge"], "25%",
+        "{d}"
+    );
+    // A restart policy the apps group forbids is still refused, with kube-apiserver's words.
+    let path = k.write(
+        "bad.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: bad\nspec:\n  selector:\n    \
+         matchLabels: {app: bad}\n  template:\n    metadata:\n      labels: {app: bad}\n    spec:\n      \
+         restartPolicy: Never\n      containers: [{name: c, image: nginx}]\n",
+    );
+    let out = k.cmd(&["apply", "-f", &path]).output().await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(r#"spec.template.spec.restartPolicy: Unsupported value: "Never""#),
+        "{err}"
+    );
+}

@@ -19,6 +19,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
+use crate::client_metrics::{RestClientMetrics, RestMetricsLayer, host_label};
+
 /// Requests in flight per client (watches included).
 pub const MAX_IN_FLIGHT: usize = 16;
 
@@ -54,6 +56,9 @@ pub async fn load_config(
 #[derive(Clone)]
 pub struct RateLimitLayer {
     bucket: Option<Arc<parking_lot::Mutex<TokenBucket>>>,
+    /// Where each request's wait is reported (`rest_client_rate_limiter_duration_seconds`),
+    /// with the API server's host label.
+    observer: Option<(RestClientMetrics, Arc<str>)>,
 }
 
 impl RateLimitLayer {
@@ -67,6 +72,15 @@ impl RateLimitLayer {
                     Instant::now(),
                 )))
             }),
+            observer: None,
+        }
+    }
+
+    /// The same bucket, reporting each request's wait into `metrics` under `host`.
+    pub fn observed(&self, metrics: RestClientMetrics, host: &str) -> Self {
+        RateLimitLayer {
+            bucket: self.bucket.clone(),
+            observer: Some((metrics, host.into())),
         }
     }
 }
@@ -77,8 +91,9 @@ impl<S> Layer<S> for RateLimitLayer {
         RateLimited {
             inner,
             bucket: self.bucket.clone(),
+            observer: self.observer.clone(),
             pending: None,
-            reserved: false,
+            reserved: None,
         }
     }
 }
@@ -88,14 +103,16 @@ impl<S> Layer<S> for RateLimitLayer {
 pub struct RateLimited<S> {
     inner: S,
     bucket: Option<Arc<parking_lot::Mutex<TokenBucket>>>,
+    observer: Option<(RestClientMetrics, Arc<str>)>,
     /// The wait for the token reserved for the next call, once reserved.
     pending: Option<Pin<Box<tokio::time::Sleep>>>,
-    reserved: bool,
+    /// How long the next call waits for its reserved token, once reserved.
+    reserved: Option<Duration>,
 }
 
-impl<S, R> Service<R> for RateLimited<S>
+impl<S, B> Service<http::Request<B>> for RateLimited<S>
 where
-    S: Service<R>,
+    S: Service<http::Request<B>>,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -103,10 +120,10 @@ where
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         if let Some(bucket) = &self.bucket
-            && !self.reserved
+            && self.reserved.is_none()
         {
             let wait = bucket.lock().reserve(Instant::now());
-            self.reserved = true;
+            self.reserved = Some(wait);
             if !wait.is_zero() {
                 self.pending = Some(Box::pin(tokio::time::sleep(wait)));
             }
@@ -120,18 +137,42 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: R) -> Self::Future {
-        self.reserved = false;
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if let (Some(wait), Some((metrics, host))) = (self.reserved.take(), &self.observer) {
+            metrics.observe_rate_limiter(req.method().as_str(), host, wait);
+        }
         self.inner.call(req)
     }
 }
 
-/// Builds a client from `config` with a User-Agent and a rate limit.
+/// Builds a client from `config` with a User-Agent and a rate limit (unmetered: for one-shot
+/// tools such as `ccm doctor`; the CCM's own clients use [`build_metered_client`]).
 pub fn build_client(
-    mut config: kube::Config,
+    config: kube::Config,
     user_agent: &str,
     limit: &RateLimitLayer,
 ) -> anyhow::Result<kube::Client> {
+    build(config, user_agent, limit, None)
+}
+
+/// Like [`build_client`], counting and timing every request in `metrics` (client-go's
+/// `rest_client_*` families).
+pub fn build_metered_client(
+    config: kube::Config,
+    user_agent: &str,
+    limit: &RateLimitLayer,
+    metrics: &RestClientMetrics,
+) -> anyhow::Result<kube::Client> {
+    build(config, user_agent, limit, Some(metrics))
+}
+
+fn build(
+    mut config: kube::Config,
+    user_agent: &str,
+    limit: &RateLimitLayer,
+    metrics: Option<&RestClientMetrics>,
+) -> anyhow::Result<kube::Client> {
+    let host = host_label(&config.cluster_url);
     config.headers.retain(|(name, _)| name != USER_AGENT);
     config.headers.push((
         USER_AGENT,
@@ -142,10 +183,14 @@ pub fn build_client(
     // Bounded requests in flight per client: over HTTP/1.1 every concurrent request is a
     // connection, and a burst of hundreds of parallel writes would leave hundreds of idle
     // connections (and their buffers) behind. 64 in flight still moves thousands of writes/s.
-    Ok(builder
-        .with_layer(&tower::limit::ConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
-        .with_layer(limit)
-        .build())
+    let builder = builder.with_layer(&tower::limit::ConcurrencyLimitLayer::new(MAX_IN_FLIGHT));
+    Ok(match metrics {
+        Some(m) => builder
+            .with_layer(&limit.observed(m.clone(), &host))
+            .with_layer(&RestMetricsLayer::new(m.clone(), host))
+            .build(),
+        None => builder.with_layer(limit).build(),
+    })
 }
 
 /// How long minted service-account tokens live; they are refreshed at half that.

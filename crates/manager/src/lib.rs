@@ -5,12 +5,17 @@
 //! against one client and one provider ([`run`]).
 
 pub mod app;
+pub mod auth;
 pub mod client;
+pub mod client_metrics;
+pub mod expfmt;
 pub mod leader;
 pub mod logging;
 pub mod options;
 pub mod procfs;
 pub mod run;
+pub mod scrape;
 pub mod serve;
+pub mod serve_setup;
 pub mod serving_options;
-mod tls;
+pub mod tls;

@@ -21,7 +21,8 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{RateLimitLayer, USER_AGENT_BASE, build_client, load_config};
+use crate::client::{RateLimitLayer, USER_AGENT_BASE, build_metered_client, load_config};
+use crate::client_metrics::RestClientMetrics;
 use crate::leader::{LeaderElectionConfig, LeaderElector, LeaderStatus};
 use crate::options::Validated;
 use crate::serve::{Health, ProcessCollector};
@@ -73,6 +74,9 @@ pub struct Runtime {
     pub health: Health,
     /// Cloud API call counts (also in the registry).
     pub cloud_metrics: CloudMetrics,
+    /// client-go's `rest_client_*` families, fed by every Kubernetes client (also in the
+    /// registry).
+    pub rest_metrics: RestClientMetrics,
     /// Published when controllers start (None again when they stop).
     pub handles: watch::Sender<Option<ControllerHandles>>,
     /// Leader status, for health and metrics.
@@ -83,11 +87,13 @@ impl Default for Runtime {
     fn default() -> Self {
         let mut registry = Registry::default();
         let cloud_metrics = CloudMetrics::new(&mut registry);
+        let rest_metrics = RestClientMetrics::new(&mut registry);
         registry.register_collector(Box::new(ProcessCollector));
         Runtime {
             registry: Arc::new(RwLock::new(registry)),
             health: Health::default(),
             cloud_metrics,
+            rest_metrics,
             handles: watch::channel(None).0,
             leader: LeaderStatus::default(),
         }
@@ -143,25 +149,21 @@ pub async fn run(
     }
     let base = load_config(o.kubeconfig.as_deref(), o.master.as_deref()).await?;
     let limit = RateLimitLayer::new(o.kube_api_qps, o.kube_api_burst);
-    let admin = build_client(base.clone(), USER_AGENT_BASE, &limit)?;
+    let admin = build_metered_client(base.clone(), USER_AGENT_BASE, &limit, &rt.rest_metrics)?;
 
     let serve_shutdown = shutdown.child_token();
     if o.serving.secure_port != 0 {
         let addr = std::net::SocketAddr::new(o.serving.bind_address, o.serving.secure_port);
-        let tls = o
-            .serving
-            .tls_cert_file
-            .as_deref()
-            .zip(o.serving.tls_private_key_file.as_deref());
+        let serving = crate::serve_setup::secure_serving(o, &base, &rt.rest_metrics).await?;
         let local = crate::serve::serve(
             addr,
-            tls,
+            serving,
             rt.health.clone(),
             rt.registry.clone(),
             serve_shutdown.clone(),
         )
         .await?;
-        tracing::info!(%local, "serving /healthz /readyz /livez /metrics");
+        tracing::info!(%local, "serving /healthz /readyz /livez /metrics over HTTPS");
     } else {
         tracing::info!("--secure-port=0: not serving health or metrics");
     }
@@ -169,7 +171,7 @@ pub async fn run(
     let master_status: Family<NameLabel, Gauge> = Family::default();
     rt.registry.write().register(
         "leader_election_master_status",
-        "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master",
+        "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name",
         master_status.clone(),
     );
     let lease_label = NameLabel {
@@ -177,6 +179,9 @@ pub async fn run(
     };
 
     let exit = if o.leader_elect {
+        // A candidate reports 0 ("backup") until it holds the lease, as upstream's
+        // NewLeaderElector does: dashboards count leaders and backups per lease.
+        master_status.get_or_create(&lease_label).set(0);
         let identity = format!("{}_{}", hostname(), uuid_v4());
         let mut elector = LeaderElector::new(
             admin.clone(),
@@ -264,10 +269,11 @@ async fn start_controllers(
         let mut s = Shared::new(provider, o.cluster_name.clone());
         s.queue_metrics = ccm_controllers::queue::QueueMetrics::new(&mut rt.registry.write());
         // Events get their own client and request budget: they must never slow real work.
-        s.event_client = Some(build_client(
+        s.event_client = Some(build_metered_client(
             base.clone(),
             &format!("{USER_AGENT_BASE}/events"),
             &RateLimitLayer::new(o.kube_api_qps, o.kube_api_burst),
+            &rt.rest_metrics,
         )?);
         s
     };
@@ -316,6 +322,7 @@ async fn start_controllers(
         let token_dir = token_dir.clone();
         let shutdown = shutdown.clone();
         let use_sa = o.use_service_account_credentials;
+        let metrics = rt.rest_metrics.clone();
         async move {
             let user_agent = format!("{USER_AGENT_BASE}/{ua}");
             if use_sa {
@@ -324,9 +331,9 @@ async fn start_controllers(
                     &admin, &base, account, &token_dir, shutdown,
                 )
                 .await?;
-                build_client(cfg, &user_agent, &limit)
+                build_metered_client(cfg, &user_agent, &limit, &metrics)
             } else {
-                build_client(base, &user_agent, &limit)
+                build_metered_client(base, &user_agent, &limit, &metrics)
             }
         }
     };

@@ -6,10 +6,10 @@
 //!   CCM because the API server is down).
 //! - `/readyz`: caches are synced and the health checks pass.
 //! - `/metrics`: the whole registry (controllers, provider, workqueues, leader election,
-//!   `process_*`) in OpenMetrics text.
+//!   `rest_client_*`, `process_*`): OpenMetrics when the scraper asks for it, else the
+//!   Prometheus text format upstream serves (see [`crate::expfmt`]).
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 
 use axum::Router;
@@ -140,19 +140,21 @@ async fn livez() -> &'static str {
     "ok"
 }
 
-async fn metrics(State(s): State<AppState>) -> Response {
+async fn metrics(State(s): State<AppState>, headers: header::HeaderMap) -> Response {
     let mut body = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut body, &s.registry.read()) {
         return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
     }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, body) = if crate::expfmt::wants_openmetrics(accept) {
+        (crate::expfmt::OPENMETRICS_CONTENT_TYPE, body)
+    } else {
+        (
+            crate::expfmt::TEXT_CONTENT_TYPE,
+            crate::expfmt::openmetrics_to_text(&body),
+        )
+    };
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 /// The router, for tests and for embedding.
@@ -166,35 +168,42 @@ pub fn router(health: Health, registry: Arc<RwLock<Registry>>) -> Router {
         .with_state(AppState { health, registry })
 }
 
-/// Serves until `shutdown`. With a certificate and key, HTTPS; otherwise plain HTTP with a
-/// warning (upstream generates a self-signed certificate; ccm-rs prefers to say so plainly).
+/// How the secure port serves: TLS, the auth guard, socket options.
+pub struct SecureServing {
+    /// Certificate, client CA, TLS version, HTTP/2 streams.
+    pub tls: crate::tls::TlsSettings,
+    /// Delegated authentication and authorization.
+    pub guard: Arc<crate::auth::Guard>,
+    /// `--permit-port-sharing`.
+    pub reuse_port: bool,
+    /// `--permit-address-sharing`.
+    pub reuse_addr: bool,
+}
+
+/// Serves HTTPS with delegated authn/authz until `shutdown`, as upstream's secure port: there
+/// is no plain-HTTP mode.
 pub async fn serve(
     addr: SocketAddr,
-    tls: Option<(&Path, &Path)>,
+    serving: SecureServing,
     health: Health,
     registry: Arc<RwLock<Registry>>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<SocketAddr> {
-    let app = router(health, registry);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
+    let app = router(health, registry).layer(axum::middleware::from_fn_with_state(
+        serving.guard.clone(),
+        crate::auth::Guard::layer,
+    ));
+    let listener = crate::tls::bind(addr, serving.reuse_port, serving.reuse_addr)
         .map_err(|e| anyhow::anyhow!("--bind-address/--secure-port {addr}: cannot listen: {e}"))?;
     let local = listener.local_addr()?;
-    match tls {
-        None => {
-            tracing::warn!(%local, "serving /healthz and /metrics over plain HTTP: pass --tls-cert-file and --tls-private-key-file for HTTPS");
-            tokio::spawn(async move {
-                let _ = axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown.cancelled_owned())
-                    .await;
-            });
-        }
-        Some((cert, key)) => {
-            let acceptor = crate::tls::acceptor(cert, key)?;
-            tracing::info!(%local, "serving /healthz and /metrics over HTTPS");
-            tokio::spawn(crate::tls::serve_tls(listener, acceptor, app, shutdown));
-        }
-    }
+    let acceptor = crate::tls::acceptor(&serving.tls, addr.ip(), &shutdown)?;
+    tokio::spawn(crate::tls::serve_tls(
+        listener,
+        acceptor,
+        app,
+        serving.tls.http2_max_streams,
+        shutdown,
+    ));
     Ok(local)
 }
 
