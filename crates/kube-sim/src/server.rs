@@ -568,7 +568,13 @@ impl Shared {
                     }
                 };
                 let shape = shape.unwrap_or(Shape::Plain);
-                let sent = body.len();
+                let cost = self.cost.read().clone();
+                if !cost.is_free() && verb.is_write() {
+                    // A write is paid for before anyone can see it, as on a real server where
+                    // watchers hear of it only after etcd committed it.
+                    let bytes = body.len().max(self.stored_size(&target));
+                    cost.charge(verb, bytes).await;
+                }
                 let resp = match self
                     .clone()
                     .dispatch(verb, &target, &q, body, &content_type, shape)
@@ -577,19 +583,31 @@ impl Shared {
                     Ok(r) => r,
                     Err(e) => error_resp(&e),
                 };
-                let cost = self.cost.read().clone();
-                if !cost.is_free() {
+                if !cost.is_free() && !verb.is_write() {
                     let answered = hyper::body::Body::size_hint(resp.body())
                         .exact()
                         .unwrap_or(0);
-                    let bytes = sent.max(usize::try_from(answered).unwrap_or(usize::MAX));
-                    cost.charge(verb, bytes).await;
+                    cost.charge(verb, usize::try_from(answered).unwrap_or(usize::MAX))
+                        .await;
                 }
                 resp
             }
         };
         self.count(verb, &target, resp.status().as_u16(), &client, &user);
         resp
+    }
+
+    /// Encoded size of the object a write targets (0 for a create): a small patch to a large
+    /// object costs a real server the whole object (decode, apply, encode, etcd write).
+    fn stored_size(&self, t: &Target) -> usize {
+        let Some(name) = t.name.as_deref() else {
+            return 0;
+        };
+        self.store
+            .get(t.res, t.ns.as_deref().unwrap_or_default(), name)
+            .ok()
+            .and_then(|v| serde_json::to_vec(&*v).ok())
+            .map_or(0, |b| b.len())
     }
 
     /// TokenReview / SubjectAccessReview: create-only, answered from the tokens and RBAC.

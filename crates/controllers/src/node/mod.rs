@@ -571,7 +571,10 @@ impl Inner {
             // Each Node waits for its own route only, and holds no write slot meanwhile.
             self.wait_for_route(&node, &res).await;
             let _permit = sem.acquire().await;
-            self.finish(node, res).await
+            // Boxed: the write future (API requests, retries) is ~13 KiB, and a 1,000-Node
+            // batch keeps every Node's future alive while it waits; unboxed, each waiting
+            // Node would reserve that space (13 MB of a 1,000-Node burst's peak heap).
+            Box::pin(self.finish(node, res)).await
         }))
         .await;
     }
@@ -656,6 +659,7 @@ impl Inner {
                 );
             }
         };
+        let node = self.freshest(node);
         match self.initialize_one(node.clone(), &meta).await {
             Ok(Some(updated)) => {
                 self.queue.forget(&key);
@@ -684,6 +688,16 @@ impl Inner {
             }
             Ok(None) => self.queue.forget(&key),
             Err(e) => self.fail(&node, e),
+        }
+    }
+
+    /// The cached copy of `node` when it is the same object: the kubelet's status write
+    /// usually lands while the batch waits for the cloud and the route, and writing with the
+    /// batch's older resourceVersion would cost a conflict, a GET and a second PATCH.
+    fn freshest(&self, node: Node) -> Node {
+        match self.shared.nodes.get(&name(&node)) {
+            Some(cached) if cached.metadata.uid == node.metadata.uid => (*cached).clone(),
+            _ => node,
         }
     }
 
