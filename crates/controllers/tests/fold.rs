@@ -293,3 +293,67 @@ async fn a_kubelet_write_during_the_cloud_lookup_costs_no_conflict() {
     }
     env.shutdown.cancel();
 }
+
+/// The fold holds whatever order the controllers' tasks first run in: here the route
+/// controller's whole first sync runs before the cloud-node controller's task is ever polled
+/// (as a loaded machine can schedule it), and still leaves the uninitialized Node's condition
+/// to the cloud-node controller's status write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fold_holds_when_routes_sync_before_the_node_controller_first_runs() {
+    use node_support::wait_for;
+
+    let env = Env::start(SimOptions::default(), true).await;
+    env.cloud.add_instance(InstanceSpec::new("early"));
+    let mut n = kubelet_node("early", None);
+    if let Some(spec) = n.spec.as_mut() {
+        spec.pod_cidrs = Some(vec!["10.128.3.0/24".to_string()]);
+    }
+    env.create_node(&n).await;
+    let mut registry = Registry::default();
+    let node = CloudNodeController::new(
+        env.shared.clone(),
+        env.client.clone(),
+        CloudNodeConfig::default(),
+        &mut registry,
+    )
+    .expect("node controller");
+    let route = RouteController::new(
+        env.shared.clone(),
+        env.client.clone(),
+        RouteConfig {
+            cluster_cidrs: vec!["10.128.0.0/9".parse().expect("cidr")],
+            ..Default::default()
+        },
+        &mut registry,
+    )
+    .expect("route controller");
+    let routes = route.handle();
+    tokio::spawn(route.run(env.shutdown.clone()));
+    wait_for("the route controller's first sync", || {
+        let routes = routes.clone();
+        async move { routes.has_routes("early") && routes.pending() == 0 }
+    })
+    .await;
+    assert_eq!(
+        env.node_writes(),
+        0,
+        "the route controller left the uninitialized Node's condition to the fold"
+    );
+
+    tokio::spawn(node.run(env.shutdown.clone()));
+    wait_for("early initialized with its route", || {
+        let env = &env;
+        async move {
+            env.get("early").await.is_some_and(|n| {
+                !tainted(&n) && condition_status(&n, "NetworkUnavailable") == ConditionStatus::False
+            })
+        }
+    })
+    .await;
+    assert_eq!(
+        env.node_writes(),
+        2,
+        "one status write carrying the condition, one object write"
+    );
+    env.shutdown.cancel();
+}

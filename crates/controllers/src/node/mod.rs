@@ -317,6 +317,11 @@ impl CloudNodeController {
             )));
         };
         let batch_max = config.max_batch_size.min(instances.max_batch_size()).max(1);
+        // Announced here, not in `run`: a route controller whose first sync runs before this
+        // controller's task is first polled must already leave the condition to the fold.
+        shared
+            .routed
+            .set_node_folds(!config.route_condition_wait.is_zero());
         let stop = CancellationToken::new();
         let queue = WorkQueue::new(
             QUEUE_NAME,
@@ -355,10 +360,6 @@ impl CloudNodeController {
     /// (and instance `Created` events when the provider has them), runs the workers and the
     /// periodic address refresh.
     pub async fn run(self, shutdown: CancellationToken) {
-        self.inner
-            .shared
-            .routed
-            .set_node_folds(!self.inner.config.route_condition_wait.is_zero());
         let inner = self.inner;
         let stop = inner.stop.clone();
         let _stop_guard = stop.clone().drop_guard();
