@@ -575,13 +575,22 @@ impl Shared {
                     let bytes = body.len().max(self.stored_size(&target));
                     cost.charge(verb, bytes).await;
                 }
-                let resp = match self
-                    .clone()
-                    .dispatch(verb, &target, &q, body, &content_type, shape)
-                    .await
-                {
-                    Ok(r) => r,
-                    Err(e) => error_resp(&e),
+                // A write is counted before any snapshot of the counters can see its effect
+                // (`Metrics::counting`); dispatch never awaits, so no guard spans an await.
+                let resp = {
+                    let _counting = self.metrics.counting();
+                    let resp =
+                        match self
+                            .clone()
+                            .dispatch(verb, &target, &q, body, &content_type, shape)
+                        {
+                            Ok(r) => r,
+                            Err(e) => error_resp(&e),
+                        };
+                    if verb.is_write() {
+                        self.count(verb, &target, resp.status().as_u16(), &client, &user);
+                    }
+                    resp
                 };
                 if !cost.is_free() && !verb.is_write() {
                     let answered = hyper::body::Body::size_hint(resp.body())
@@ -590,7 +599,10 @@ impl Shared {
                     cost.charge(verb, usize::try_from(answered).unwrap_or(usize::MAX))
                         .await;
                 }
-                resp
+                if !verb.is_write() {
+                    self.count(verb, &target, resp.status().as_u16(), &client, &user);
+                }
+                return resp;
             }
         };
         self.count(verb, &target, resp.status().as_u16(), &client, &user);
@@ -678,7 +690,9 @@ impl Shared {
         });
     }
 
-    async fn dispatch(
+    /// Synchronous on purpose: a write and its accounting happen under one guard (see
+    /// `Metrics::counting`), which must not be held across an await.
+    fn dispatch(
         self: Arc<Self>,
         verb: Verb,
         t: &Target,
