@@ -49,6 +49,9 @@ pub enum Scenario {
     Memory,
     /// One node at a time joins a quiet cluster: time to routed and initialized.
     Join,
+    /// A burst of `--scale-nodes` nodes, then `--scale-services` Services (1 in 50 of them
+    /// LoadBalancer): how time, requests and memory grow with the cluster.
+    Scale,
 }
 
 /// What kube-sim's requests cost (`--api-cost`).
@@ -108,6 +111,15 @@ pub struct BenchOptions {
     /// calibrated). Ignored with --kubeconfig.
     #[arg(long = "api-cost", value_enum)]
     pub api_cost: Vec<ApiCost>,
+    /// Nodes registering at once in the scale scenario.
+    #[arg(long, default_value_t = 5000)]
+    pub scale_nodes: u32,
+    /// Services created after the scale scenario's burst (every 50th a LoadBalancer).
+    #[arg(long, default_value_t = 10000)]
+    pub scale_services: u32,
+    /// Simulated kubelets registering concurrently (the issue 17 real-server runs used 32).
+    #[arg(long, default_value_t = 32)]
+    pub kubelets: usize,
     /// Nodes joining one at a time in the join scenario.
     #[arg(long, default_value_t = 10)]
     pub joins: u32,
@@ -170,6 +182,10 @@ pub struct Usage {
     pub rss_mb: f64,
     /// CPU seconds used.
     pub cpu_seconds: f64,
+    /// Of `rss_mb`: anonymous memory (heap, stacks), MB.
+    pub rss_anon_mb: f64,
+    /// Of `rss_mb`: file-backed pages (mostly the binary's code), MB.
+    pub rss_file_mb: f64,
 }
 
 /// One scenario's results (fields depend on the scenario; absent ones are null).
@@ -187,6 +203,9 @@ pub struct ScenarioResult {
     pub services: u32,
     /// Per-node time from creation to initialized.
     pub time_to_initialized: Option<Percentiles>,
+    /// Seconds from the first kubelet's POST to the last kubelet's status PATCH returning
+    /// (burst): what the API server's write path costs, whatever the CCM does.
+    pub registration_seconds: Option<f64>,
     /// Seconds until every node had its routes (burst).
     pub all_routes_seconds: Option<f64>,
     /// Per-node time from creation to `NetworkUnavailable=False` (routed).
@@ -253,6 +272,8 @@ pub struct IdleResult {
     pub rss_start_mb: f64,
     /// See `rss_start_mb`.
     pub rss_end_mb: f64,
+    /// Highest RSS sampled (every second) during the window, MB.
+    pub rss_max_mb: f64,
     /// CCM CPU seconds spent during the window.
     pub cpu_seconds: f64,
     /// Cumulative cloud calls sampled each second (for the chart).
@@ -287,6 +308,16 @@ fn bearer_token(kubeconfig: &Path) -> Option<String> {
     // kube keeps tokens in a SecretString; its serializer writes the value back out.
     let info = serde_json::to_value(user.auth_info.as_ref()?).ok()?;
     info.get("token")?.as_str().map(String::from)
+}
+
+/// A `kB` field of /proc/<pid>/status, in kB (0 when absent).
+fn status_kb(status: &str, field: &str) -> f64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -381,11 +412,15 @@ impl Env {
     }
 
     fn usage(&self) -> Usage {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
         ccm_manager::procfs::read_pid(self.pid)
             .map(|p| Usage {
                 peak_rss_mb: p.peak_rss_bytes as f64 / 1e6,
                 rss_mb: p.rss_bytes as f64 / 1e6,
                 cpu_seconds: p.cpu_seconds,
+                rss_anon_mb: status_kb(&status, "RssAnon:") / 1e3,
+                rss_file_mb: status_kb(&status, "RssFile:") / 1e3,
             })
             .unwrap_or_default()
     }
@@ -528,8 +563,9 @@ fn spinner(msg: &str) -> ProgressBar {
 async fn add_nodes(
     cluster: &SimCluster,
     range: std::ops::Range<u32>,
+    kubelets: usize,
 ) -> anyhow::Result<HashMap<String, Instant>> {
-    Ok(register_nodes(cluster, range)
+    Ok(register_nodes(cluster, range, kubelets)
         .await?
         .into_iter()
         .map(|(n, (start, _))| (n, start))
@@ -541,6 +577,7 @@ async fn add_nodes(
 async fn register_nodes(
     cluster: &SimCluster,
     range: std::ops::Range<u32>,
+    kubelets: usize,
 ) -> anyhow::Result<HashMap<String, (Instant, Instant)>> {
     let results: Vec<anyhow::Result<(String, (Instant, Instant))>> = futures::stream::iter(range)
         .map(|i| async move {
@@ -548,7 +585,7 @@ async fn register_nodes(
             let name = cluster.add_node(i).await?;
             Ok((name, (t, Instant::now())))
         })
-        .buffer_unordered(64)
+        .buffer_unordered(kubelets.max(1))
         .collect()
         .await;
     results.into_iter().collect()
@@ -633,27 +670,45 @@ async fn burst(
     let pb = spinner(&format!("burst: {} nodes register at once", opts.nodes));
     let started = Instant::now();
     let env = Env::start(opts, opts.fault_rate, &[]).await?;
+    let r = burst_on(&env, opts, opts.nodes, timeline).await;
+    env.stop().await;
+    let mut r = r?;
+    r.wall_seconds = started.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    Ok(r)
+}
+
+/// `nodes` kubelets register at once on `env`; times, requests and usage of the burst.
+async fn burst_on(
+    env: &Env,
+    opts: &BenchOptions,
+    nodes: u32,
+    timeline: &mut Vec<(f64, usize)>,
+) -> anyhow::Result<ScenarioResult> {
     let client = env.cluster.user_client();
     let init = Tracker::nodes(client.clone(), initialized);
     let net = Tracker::nodes(client.clone(), routed);
     let t0 = Instant::now();
-    let n = opts.nodes as usize;
-    let (registered, sampled) = tokio::join!(register_nodes(&env.cluster, 0..opts.nodes), async {
-        let mut routes_at = None;
-        let mut tl = Vec::new();
-        let deadline = Instant::now() + opts.timeout.0;
-        while Instant::now() < deadline {
-            tl.push((t0.elapsed().as_secs_f64(), init.count()));
-            if routes_at.is_none() && env.cluster.cloud.routes().len() >= n {
-                routes_at = Some(t0.elapsed().as_secs_f64());
+    let n = nodes as usize;
+    let (registered, sampled) = tokio::join!(
+        register_nodes(&env.cluster, 0..nodes, opts.kubelets),
+        async {
+            let mut routes_at = None;
+            let mut tl = Vec::new();
+            let deadline = Instant::now() + opts.timeout.0;
+            while Instant::now() < deadline {
+                tl.push((t0.elapsed().as_secs_f64(), init.count()));
+                if routes_at.is_none() && env.cluster.cloud.routes().len() >= n {
+                    routes_at = Some(t0.elapsed().as_secs_f64());
+                }
+                if routes_at.is_some() && init.count() >= n {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            if routes_at.is_some() && init.count() >= n {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            (routes_at, tl)
         }
-        (routes_at, tl)
-    });
+    );
     let registered = registered?;
     let created: HashMap<String, Instant> = registered
         .iter()
@@ -671,22 +726,76 @@ async fn burst(
     let mut r = ScenarioResult {
         scenario: "burst".into(),
         converged,
-        nodes: opts.nodes,
+        nodes,
         time_to_initialized: Some(percentiles(init.latencies(&created))),
         time_to_routed: Some(percentiles(net.latencies(&created))),
         time_to_ready: Some(percentiles(ready)),
         last_ready_after_last_registration_seconds: last_ready
             .zip(last_registered)
             .map(|(d, r)| d.saturating_duration_since(r).as_secs_f64()),
+        registration_seconds: last_registered.map(|l| l.duration_since(t0).as_secs_f64()),
         all_routes_seconds: routes_at,
         ..Default::default()
     };
-    api_stats(&env, opts.nodes, &mut r);
+    api_stats(env, nodes, &mut r);
     r.usage = env.usage();
-    r.cpu_seconds_per_1000_nodes = Some(r.usage.cpu_seconds * 1000.0 / f64::from(opts.nodes));
+    r.cpu_seconds_per_1000_nodes = Some(r.usage.cpu_seconds * 1000.0 / f64::from(nodes));
+    Ok(r)
+}
+
+/// A large burst, then many Services (every 50th a LoadBalancer) on the same CCM: the burst's
+/// figures at scale plus time to ingress among 10,000 Services and the memory of it all.
+async fn scale(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
+    let pb = spinner(&format!(
+        "scale: {} nodes register at once, then {} Services",
+        opts.scale_nodes, opts.scale_services
+    ));
+    let started = Instant::now();
+    let env = Env::start(opts, opts.fault_rate, &[]).await?;
+    let r = scale_on(&env, opts).await;
     env.stop().await;
+    let mut r = r?;
     r.wall_seconds = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
+    Ok(r)
+}
+
+async fn scale_on(env: &Env, opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
+    let mut r = burst_on(env, opts, opts.scale_nodes, &mut Vec::new()).await?;
+    r.scenario = "scale".into();
+    let burst_cpu = r.usage.cpu_seconds;
+    let tracker = Tracker::services(env.cluster.user_client());
+    let t0 = Instant::now();
+    let results: Vec<anyhow::Result<Option<(String, Instant)>>> =
+        futures::stream::iter(0..opts.scale_services)
+            .map(|i| async move {
+                let name = format!("scale-{i}");
+                let t = Instant::now();
+                if i % 50 == 0 {
+                    env.cluster.add_service(&name).await?;
+                    Ok(Some((name, t)))
+                } else {
+                    env.cluster.add_cluster_ip_service(&name).await?;
+                    Ok(None)
+                }
+            })
+            .buffer_unordered(64)
+            .collect()
+            .await;
+    let mut created = HashMap::new();
+    for res in results {
+        created.extend(res?);
+    }
+    let lbs = created.len();
+    r.converged &= wait_until(opts.timeout.0, || async { Ok(tracker.count() >= lbs) }).await?;
+    r.all_ingress_seconds = Some(t0.elapsed().as_secs_f64());
+    r.time_to_ingress = Some(percentiles(tracker.latencies(&created)));
+    r.services = opts.scale_services;
+    // Let caches settle before reading the steady state.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    api_stats(env, opts.scale_nodes, &mut r);
+    r.usage = env.usage();
+    r.cpu_seconds_per_1000_nodes = Some(burst_cpu * 1000.0 / f64::from(opts.scale_nodes));
     Ok(r)
 }
 
@@ -708,13 +817,21 @@ async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
         )];
         let env = Env::start(opts, 0.0, &extra).await?;
         let n = opts.nodes as usize;
-        add_nodes(&env.cluster, 0..opts.nodes).await?;
+        add_nodes(&env.cluster, 0..opts.nodes, opts.kubelets).await?;
         let ok = wait_until(opts.timeout.0, || async {
             let s = env.cluster.state().await?;
             Ok(s.initialized == n && s.network_ready == n && s.routes == n)
         })
         .await?;
         r.converged &= ok;
+        // The LB phase before the quiet window, as in the issue 17 real-server soak.
+        add_services(&env.cluster, "idle-lb", opts.services).await?;
+        let m = opts.services as usize;
+        r.converged &= wait_until(opts.timeout.0, || async {
+            let s = env.cluster.state().await?;
+            Ok(s.with_ingress == m)
+        })
+        .await?;
         // Let trailing work (events, the last sync) finish before the window starts.
         tokio::time::sleep(Duration::from_secs(2)).await;
         env.cluster.cloud.reset_calls();
@@ -726,8 +843,10 @@ async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
         let window = opts.idle_window.0;
         let t0 = Instant::now();
         let mut timeline = Vec::new();
+        let mut rss_max = at_start.rss_mb;
         while t0.elapsed() < window {
             timeline.push((t0.elapsed().as_secs_f64(), env.cluster.cloud.total_calls()));
+            rss_max = rss_max.max(env.usage().rss_mb);
             tokio::time::sleep(Duration::from_secs(1).min(window)).await;
         }
         let secs = t0.elapsed().as_secs_f64();
@@ -758,6 +877,7 @@ async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
             timeline,
             rss_start_mb: at_start.rss_mb,
             rss_end_mb: env.usage().rss_mb,
+            rss_max_mb: rss_max,
             cpu_seconds: env.usage().cpu_seconds - at_start.cpu_seconds,
         });
         r.usage = env.usage();
@@ -776,7 +896,7 @@ async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     let started = Instant::now();
     let env = Env::start(opts, opts.fault_rate, &[]).await?;
     let n = opts.nodes as usize;
-    add_nodes(&env.cluster, 0..opts.nodes).await?;
+    add_nodes(&env.cluster, 0..opts.nodes, opts.kubelets).await?;
     let mut converged = wait_until(opts.timeout.0, || async {
         Ok(env.cluster.state().await?.initialized == n)
     })
@@ -835,7 +955,7 @@ async fn churn(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     let started = Instant::now();
     let env = Env::start(opts, fault, &[]).await?;
     let base_nodes = opts.nodes.min(50);
-    add_nodes(&env.cluster, 0..base_nodes).await?;
+    add_nodes(&env.cluster, 0..base_nodes, opts.kubelets).await?;
     let mut live_nodes: Vec<u32> = (0..base_nodes).collect();
     let mut next_node = base_nodes;
     let mut live_svcs: Vec<u32> = Vec::new();
@@ -941,7 +1061,7 @@ async fn memory(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     let started = Instant::now();
     let env = Env::start(opts, 0.0, &[]).await?;
     let (nodes, svcs) = tokio::join!(
-        add_nodes(&env.cluster, 0..opts.memory_nodes),
+        add_nodes(&env.cluster, 0..opts.memory_nodes, opts.kubelets),
         add_cluster_ip_services(&env.cluster, opts.memory_services)
     );
     nodes?;
@@ -979,7 +1099,7 @@ async fn join(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     ));
     let started = Instant::now();
     let env = Env::start(opts, 0.0, &[]).await?;
-    add_nodes(&env.cluster, 0..base).await?;
+    add_nodes(&env.cluster, 0..base, opts.kubelets).await?;
     let b = base as usize;
     let mut converged = wait_until(opts.timeout.0, || async {
         let s = env.cluster.state().await?;
@@ -1069,6 +1189,12 @@ fn print_table(results: &[ScenarioResult]) {
                 f(r.last_ready_after_last_registration_seconds)
             );
         }
+        if r.registration_seconds.is_some() {
+            println!(
+                "  kubelet registrations   {}s (create + status of every node)",
+                f(r.registration_seconds)
+            );
+        }
         if r.all_routes_seconds.is_some() {
             println!("  all routes              {}s", f(r.all_routes_seconds));
         }
@@ -1105,7 +1231,7 @@ fn print_table(results: &[ScenarioResult]) {
         }
         for i in &r.idle {
             println!(
-                "  idle [{:<8}] cloud calls/h {:>8.1}  API requests/h {:>8.1} (+{:.0} lease)  route syncs {}  RSS {:.1} → {:.1} MB over {:.0}s, CPU {:.2}s",
+                "  idle [{:<8}] cloud calls/h {:>8.1}  API requests/h {:>8.1} (+{:.0} lease)  route syncs {}  RSS {:.1} → {:.1} MB (max {:.1}) over {:.0}s, CPU {:.2}s",
                 i.route_mode,
                 i.cloud_calls_per_hour,
                 i.api_requests_per_hour,
@@ -1113,6 +1239,7 @@ fn print_table(results: &[ScenarioResult]) {
                 i.route_syncs,
                 i.rss_start_mb,
                 i.rss_end_mb,
+                i.rss_max_mb,
                 i.window_seconds,
                 i.cpu_seconds
             );
@@ -1137,9 +1264,11 @@ fn print_table(results: &[ScenarioResult]) {
             println!("  cloud calls             {total}: {}", by.join(", "));
         }
         println!(
-            "  CCM                     peak RSS {:.1} MB, RSS {:.1} MB, CPU {:.2}s{}",
+            "  CCM                     peak RSS {:.1} MB, RSS {:.1} MB ({:.1} anon + {:.1} file), CPU {:.2}s{}",
             r.usage.peak_rss_mb,
             r.usage.rss_mb,
+            r.usage.rss_anon_mb,
+            r.usage.rss_file_mb,
             r.usage.cpu_seconds,
             r.cpu_seconds_per_1000_nodes
                 .map(|c| format!(" ({c:.2}s per 1,000 nodes)"))
@@ -1159,6 +1288,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<std::process::ExitCode> {
             Scenario::Churn,
             Scenario::Memory,
             Scenario::Join,
+            Scenario::Scale,
         ];
     }
     let mut results = Vec::new();
@@ -1183,6 +1313,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<std::process::ExitCode> {
                 Scenario::Churn => churn(&opts).await,
                 Scenario::Memory => memory(&opts).await,
                 Scenario::Join => join(&opts).await,
+                Scenario::Scale => scale(&opts).await,
             }
             .with_context(|| format!("scenario {s:?} ({cost:?} API)"))?;
             r.api_cost = opts.kubeconfig.is_none().then_some(cost);

@@ -22,6 +22,8 @@ fn every_scenario_runs_small() {
             "--memory-nodes=40",
             "--memory-services=40",
             "--joins=3",
+            "--scale-nodes=30",
+            "--scale-services=60",
             "--api-cost=free",
             "--timeout=120s",
         ])
@@ -46,7 +48,9 @@ fn every_scenario_runs_small() {
         .collect();
     assert_eq!(
         names,
-        ["burst", "idle", "services", "churn", "memory", "join"]
+        [
+            "burst", "idle", "services", "churn", "memory", "join", "scale"
+        ]
     );
     for s in scenarios {
         assert_eq!(s["converged"], true, "{s}");
@@ -63,6 +67,11 @@ fn every_scenario_runs_small() {
     assert!(burst["cpu_seconds_per_1000_nodes"].as_f64().is_some());
     let join = &scenarios[5];
     assert!(join["time_to_routed"]["max"].as_f64().is_some());
+    let scale = &scenarios[6];
+    assert_eq!(scale["nodes"], 30);
+    assert_eq!(scale["services"], 60);
+    assert!(scale["time_to_ingress"]["p99"].as_f64().is_some());
+    assert!(scale["api_requests_per_node"]["patch"].as_f64().is_some());
     let idle = scenarios[1]["idle"].as_array().expect("idle modes");
     assert_eq!(idle.len(), 2);
     let churn = &scenarios[3];

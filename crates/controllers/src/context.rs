@@ -125,7 +125,8 @@ impl RoutedState {
 }
 
 impl RoutedNodes {
-    /// Called by the route controller when it starts.
+    /// Called when the route controller is built, before any controller task runs, so no
+    /// cloud-node batch can miss it.
     pub fn activate(&self) {
         self.inner
             .active
@@ -137,8 +138,9 @@ impl RoutedNodes {
         self.inner.active.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Called by the cloud-node controller when it folds the condition into its writes; the
-    /// route controller then leaves uninitialized Nodes' condition to it.
+    /// Called when the cloud-node controller is built (before any route sync can run) when it
+    /// folds the condition into its writes; the route controller then leaves uninitialized
+    /// Nodes' condition to it.
     pub fn set_node_folds(&self, on: bool) {
         self.inner
             .node_folds

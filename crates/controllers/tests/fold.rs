@@ -226,3 +226,134 @@ async fn a_node_waits_for_its_own_route_only_and_never_for_the_limiter() {
     assert_eq!(env.cloud.routes().len(), 3, "outsider, fine, late");
     env.shutdown.cancel();
 }
+
+/// The kubelet's status write usually lands while a new Node's batch waits for the cloud: the
+/// cloud-node controller writes on top of it (the freshest cached copy), not on the batch's
+/// older resourceVersion, so it costs no 409, no GET and no second PATCH.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_write_during_the_cloud_lookup_costs_no_conflict() {
+    use ccm_provider_sim::Latency;
+    use node_support::wait_for;
+
+    let env = Env::start(SimOptions::default(), true).await;
+    env.cloud
+        .set_latency("*", Latency::from_millis(300, 0))
+        .expect("latency");
+    let mut registry = Registry::default();
+    let node = CloudNodeController::new(
+        env.shared.clone(),
+        env.client.clone(),
+        CloudNodeConfig::default(),
+        &mut registry,
+    )
+    .expect("node controller");
+    tokio::spawn(node.run(env.shutdown.clone()));
+
+    const N: usize = 5;
+    for i in 0..N {
+        let name = format!("k{i}");
+        env.cloud.add_instance(InstanceSpec::new(name.clone()));
+        // Registered without status, then the kubelet's status write while the lookup runs.
+        let mut n = kubelet_node(&name, None);
+        n.status = None;
+        env.create_node(&n).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for i in 0..N {
+        env.set_ready(&format!("k{i}"), "True").await;
+    }
+    wait_for("all initialized", || async {
+        let nodes = env
+            .nodes()
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items;
+        nodes.len() == N && nodes.iter().all(|n| !tainted(n))
+    })
+    .await;
+    let by_ccm = |pred: fn(&ccm_kube_sim::RequestKey) -> bool| {
+        env.sim
+            .count_requests(|k| k.client == node_support::UA && k.resource == "nodes" && pred(k))
+    };
+    assert_eq!(by_ccm(|k| k.code == 409), 0, "no conflicts");
+    assert_eq!(
+        by_ccm(|k| k.verb == ccm_kube_sim::Verb::Get),
+        0,
+        "no re-reads"
+    );
+    assert_eq!(by_ccm(|k| k.verb.is_write()), 2 * N as u64);
+    for i in 0..N {
+        let n = env.get(&format!("k{i}")).await.expect("node");
+        assert_eq!(
+            condition_status(&n, "Ready"),
+            ConditionStatus::True,
+            "the kubelet's write survived"
+        );
+    }
+    env.shutdown.cancel();
+}
+
+/// The fold holds whatever order the controllers' tasks first run in: here the route
+/// controller's whole first sync runs before the cloud-node controller's task is ever polled
+/// (as a loaded machine can schedule it), and still leaves the uninitialized Node's condition
+/// to the cloud-node controller's status write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fold_holds_when_routes_sync_before_the_node_controller_first_runs() {
+    use node_support::wait_for;
+
+    let env = Env::start(SimOptions::default(), true).await;
+    env.cloud.add_instance(InstanceSpec::new("early"));
+    let mut n = kubelet_node("early", None);
+    if let Some(spec) = n.spec.as_mut() {
+        spec.pod_cidrs = Some(vec!["10.128.3.0/24".to_string()]);
+    }
+    env.create_node(&n).await;
+    let mut registry = Registry::default();
+    let node = CloudNodeController::new(
+        env.shared.clone(),
+        env.client.clone(),
+        CloudNodeConfig::default(),
+        &mut registry,
+    )
+    .expect("node controller");
+    let route = RouteController::new(
+        env.shared.clone(),
+        env.client.clone(),
+        RouteConfig {
+            cluster_cidrs: vec!["10.128.0.0/9".parse().expect("cidr")],
+            ..Default::default()
+        },
+        &mut registry,
+    )
+    .expect("route controller");
+    let routes = route.handle();
+    tokio::spawn(route.run(env.shutdown.clone()));
+    wait_for("the route controller's first sync", || {
+        let routes = routes.clone();
+        async move { routes.has_routes("early") && routes.pending() == 0 }
+    })
+    .await;
+    assert_eq!(
+        env.node_writes(),
+        0,
+        "the route controller left the uninitialized Node's condition to the fold"
+    );
+
+    tokio::spawn(node.run(env.shutdown.clone()));
+    wait_for("early initialized with its route", || {
+        let env = &env;
+        async move {
+            env.get("early").await.is_some_and(|n| {
+                !tainted(&n) && condition_status(&n, "NetworkUnavailable") == ConditionStatus::False
+            })
+        }
+    })
+    .await;
+    assert_eq!(
+        env.node_writes(),
+        2,
+        "one status write carrying the condition, one object write"
+    );
+    env.shutdown.cancel();
+}

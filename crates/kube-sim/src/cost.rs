@@ -64,10 +64,13 @@ impl CostModel {
 
     /// Calibrated against kube-apiserver 1.36 + etcd 3.6 on a 2-core machine (see the module
     /// docs and docs/BENCHMARKS.md for the runs behind each number):
-    /// - a write costs ~1.6 ms of server CPU for a 2–4 KiB Node (apiserver decode, admission,
-    ///   validation, conversion, encode, and etcd's share; watch fan-out included), which makes
-    ///   2,000 kubelet writes at 32–64 in flight take ~4× longer than on a free kube-sim, as
-    ///   measured (1.42 s → 5.67 s);
+    /// - a write costs 1.35 ms + 0.15 ms/KiB of server CPU (~1.8 ms for a 3 KiB Node:
+    ///   apiserver decode, admission, validation, conversion, encode, and etcd's share; watch
+    ///   fan-out included), charged on the stored object's size before the write becomes
+    ///   visible. Calibration (2026-11-23, `ccm bench burst --nodes 1000`, 32 kubelets): the
+    ///   1,000 kubelet registrations (create + status) took 5.67 s on kube-apiserver 1.36 +
+    ///   etcd 3.6; at 1.2 ms base they took 4.96–5.29 s here (−7 to −13 %), so the base was
+    ///   raised to 1.35 ms to centre it;
     /// - a commit waits 4 ms + 0.5 ms/KiB (etcd fsync on a virtual disk; upstream's SLO for
     ///   mutating calls is p99 ≤ 1 s, typical healthy commits are single-digit ms);
     /// - GETs cost 0.4 ms, LISTs 0.5 ms + 0.12 ms/KiB (~350 ms of CPU for a 1,000-Node list,
@@ -77,7 +80,7 @@ impl CostModel {
             get: Cost::micros(400, 60),
             list: Cost::micros(500, 120),
             watch: Cost::micros(500, 0),
-            write: Cost::micros(1_200, 150),
+            write: Cost::micros(1_350, 150),
             commit: Cost::micros(4_000, 500),
         }
     }

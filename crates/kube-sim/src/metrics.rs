@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 /// Request verbs, named as kube-apiserver's authorizer and audit log name them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -112,9 +112,18 @@ pub struct RequestCount {
 #[derive(Default)]
 pub struct Metrics {
     counts: Mutex<HashMap<RequestKey, u64>>,
+    /// Held shared from a request's store operation until it is counted, and exclusively by
+    /// [`Self::snapshot`]: a write another client has already seen is always counted, so a
+    /// test that waits for an object's change and then counts requests never sees one short.
+    visible: RwLock<()>,
 }
 
 impl Metrics {
+    /// Taken around a request's store operation and its [`Self::record`] (see `visible`).
+    pub fn counting(&self) -> RwLockReadGuard<'_, ()> {
+        self.visible.read()
+    }
+
     /// Counts one request.
     pub fn record(&self, key: RequestKey) {
         *self.counts.lock().entry(key).or_default() += 1;
@@ -122,6 +131,7 @@ impl Metrics {
 
     /// All counters, sorted by labels.
     pub fn snapshot(&self) -> Vec<RequestCount> {
+        let _all_seen_counted = self.visible.write();
         let mut v: Vec<RequestCount> = self
             .counts
             .lock()

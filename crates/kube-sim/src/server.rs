@@ -568,28 +568,58 @@ impl Shared {
                     }
                 };
                 let shape = shape.unwrap_or(Shape::Plain);
-                let sent = body.len();
-                let resp = match self
-                    .clone()
-                    .dispatch(verb, &target, &q, body, &content_type, shape)
-                    .await
-                {
-                    Ok(r) => r,
-                    Err(e) => error_resp(&e),
-                };
                 let cost = self.cost.read().clone();
-                if !cost.is_free() {
+                if !cost.is_free() && verb.is_write() {
+                    // A write is paid for before anyone can see it, as on a real server where
+                    // watchers hear of it only after etcd committed it.
+                    let bytes = body.len().max(self.stored_size(&target));
+                    cost.charge(verb, bytes).await;
+                }
+                // A write is counted before any snapshot of the counters can see its effect
+                // (`Metrics::counting`); dispatch never awaits, so no guard spans an await.
+                let resp = {
+                    let _counting = self.metrics.counting();
+                    let resp =
+                        match self
+                            .clone()
+                            .dispatch(verb, &target, &q, body, &content_type, shape)
+                        {
+                            Ok(r) => r,
+                            Err(e) => error_resp(&e),
+                        };
+                    if verb.is_write() {
+                        self.count(verb, &target, resp.status().as_u16(), &client, &user);
+                    }
+                    resp
+                };
+                if !cost.is_free() && !verb.is_write() {
                     let answered = hyper::body::Body::size_hint(resp.body())
                         .exact()
                         .unwrap_or(0);
-                    let bytes = sent.max(usize::try_from(answered).unwrap_or(usize::MAX));
-                    cost.charge(verb, bytes).await;
+                    cost.charge(verb, usize::try_from(answered).unwrap_or(usize::MAX))
+                        .await;
                 }
-                resp
+                if !verb.is_write() {
+                    self.count(verb, &target, resp.status().as_u16(), &client, &user);
+                }
+                return resp;
             }
         };
         self.count(verb, &target, resp.status().as_u16(), &client, &user);
         resp
+    }
+
+    /// Encoded size of the object a write targets (0 for a create): a small patch to a large
+    /// object costs a real server the whole object (decode, apply, encode, etcd write).
+    fn stored_size(&self, t: &Target) -> usize {
+        let Some(name) = t.name.as_deref() else {
+            return 0;
+        };
+        self.store
+            .get(t.res, t.ns.as_deref().unwrap_or_default(), name)
+            .ok()
+            .and_then(|v| serde_json::to_vec(&*v).ok())
+            .map_or(0, |b| b.len())
     }
 
     /// TokenReview / SubjectAccessReview: create-only, answered from the tokens and RBAC.
@@ -660,7 +690,9 @@ impl Shared {
         });
     }
 
-    async fn dispatch(
+    /// Synchronous on purpose: a write and its accounting happen under one guard (see
+    /// `Metrics::counting`), which must not be held across an await.
+    fn dispatch(
         self: Arc<Self>,
         verb: Verb,
         t: &Target,

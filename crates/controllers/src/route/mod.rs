@@ -511,6 +511,9 @@ impl RouteController {
                 queue,
             }),
         };
+        // Announced here, not in `run`: a cloud-node batch processed before this controller's
+        // task is first polled must already wait for (and fold) the Node's route.
+        shared.routed.activate();
         Ok(RouteController {
             routes,
             nodes_api: Api::all(client.clone()),
@@ -532,7 +535,6 @@ impl RouteController {
     /// Runs until `shutdown`: waits for the node cache, then syncs per [`RouteConfig::mode`].
     pub async fn run(self, shutdown: CancellationToken) {
         let _stop_queue = self.queue_shutdown.clone().drop_guard();
-        self.shared.routed.activate();
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = self.shared.nodes.wait_ready() => {}

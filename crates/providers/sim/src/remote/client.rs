@@ -90,7 +90,13 @@ impl RemoteSim {
             inner: Arc::new(Inner {
                 base,
                 actor: actor.to_string(),
-                client: Client::builder(TokioExecutor::new()).build_http(),
+                // HTTP/2 over cleartext (the sim server speaks both): one connection carries
+                // every concurrent call, where HTTP/1.1 opened one per call in flight — a
+                // 1,000-Node burst's route creations left 1,000 idle connections and their
+                // buffers in the CCM.
+                client: Client::builder(TokioExecutor::new())
+                    .http2_only(true)
+                    .build_http(),
                 max_batch_size: AtomicUsize::new(DEFAULT_MAX_BATCH_SIZE),
             }),
         })
