@@ -236,8 +236,10 @@ async fn a_kubelet_write_during_the_cloud_lookup_costs_no_conflict() {
     use node_support::wait_for;
 
     let env = Env::start(SimOptions::default(), true).await;
+    // Long enough that the kubelet's writes below reach the controller's cache while every
+    // lookup is still in flight, however loaded the machine is (checked before the asserts).
     env.cloud
-        .set_latency("*", Latency::from_millis(300, 0))
+        .set_latency("*", Latency::from_millis(2_000, 0))
         .expect("latency");
     let mut registry = Registry::default();
     let node = CloudNodeController::new(
@@ -262,6 +264,24 @@ async fn a_kubelet_write_during_the_cloud_lookup_costs_no_conflict() {
     for i in 0..N {
         env.set_ready(&format!("k{i}"), "True").await;
     }
+    wait_for("the kubelets' writes in the controller's cache", || async {
+        (0..N).all(|i| {
+            env.shared
+                .nodes
+                .get(&format!("k{i}"))
+                .is_some_and(|n| condition_status(&n, "Ready") == ConditionStatus::True)
+        })
+    })
+    .await;
+    let nodes = env
+        .nodes()
+        .list(&ListParams::default())
+        .await
+        .expect("list");
+    assert!(
+        nodes.items.iter().all(tainted),
+        "precondition: the cloud lookups (2 s) were still running when the kubelets wrote"
+    );
     wait_for("all initialized", || async {
         let nodes = env
             .nodes()
