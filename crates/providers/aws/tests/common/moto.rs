@@ -105,8 +105,9 @@ impl Moto {
             ))
             .await;
         let mut out = std::collections::BTreeMap::new();
-        for line in body.lines().filter(|l| !l.trim().is_empty()) {
-            let v: serde_json::Value = serde_json::from_str(line).expect("recorder line is JSON");
+        // Records written by moto's threads can share a line: read a stream of JSON values.
+        for v in serde_json::Deserializer::from_str(&body).into_iter::<serde_json::Value>() {
+            let v = v.expect("recorder entries are JSON");
             // moto stores request bodies base64-encoded ("body_encoded": "True").
             let raw = v["body"].as_str().unwrap_or_default();
             let body = if v["body_encoded"].as_str() == Some("True") || v["body_encoded"] == true {
