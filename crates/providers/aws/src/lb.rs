@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
-use aws_sdk_ec2::types::Filter;
+use aws_sdk_ec2::types::{Filter, IpPermission};
 use ccm_cloud::k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus as Status};
 use ccm_cloud::{
     CloudError, CloudResult, LoadBalancer, LoadBalancerStatus, Node, Service,
@@ -64,6 +64,38 @@ impl AwsCloud {
             }
         }
         Ok(ids)
+    }
+
+    /// In every security group `filter` finds, revokes the inbound permissions `pick` makes of
+    /// each of the group's permissions (empty: keep it) — one call per group that has any.
+    pub(crate) async fn revoke_matching(
+        &self,
+        filter: Filter,
+        pick: impl Fn(&IpPermission) -> Vec<IpPermission>,
+    ) -> CloudResult<()> {
+        let ec2 = self.clients().await?.ec2.clone();
+        let groups = self
+            .call(
+                "DescribeSecurityGroups",
+                ec2.describe_security_groups().filters(filter).send(),
+            )
+            .await?;
+        for g in groups.security_groups() {
+            let Some(id) = g.group_id() else { continue };
+            let perms: Vec<IpPermission> = g.ip_permissions().iter().flat_map(&pick).collect();
+            if perms.is_empty() {
+                continue;
+            }
+            self.call(
+                "RevokeSecurityGroupIngress",
+                ec2.revoke_security_group_ingress()
+                    .group_id(id)
+                    .set_ip_permissions(Some(perms))
+                    .send(),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// The VPC: the cloud-config's, else the one the cluster's known instances are in.

@@ -344,6 +344,11 @@ fn lookups_by_name_follow_next_token_and_split_names_by_150() {
         );
     }
     assert_eq!(fake.calls("DescribeInstances"), 4 + 2);
+    // Another controller asking for the same new Nodes (a route's target, an LB's backends)
+    // within 20 s is answered from what those calls returned.
+    let again = rt().block_on(cloud.instances_metadata(&nodes[100..]));
+    assert!(again.iter().all(|m| matches!(m, Ok(Some(_)))));
+    assert_eq!(fake.calls("DescribeInstances"), 4 + 2);
 }
 
 #[test]
