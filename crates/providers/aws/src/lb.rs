@@ -242,10 +242,12 @@ impl LoadBalancer for AwsCloud {
     ) -> CloudResult<LoadBalancerStatus> {
         let spec = annotations::parse(service)?;
         let name = default_load_balancer_name(service);
+        let ids = self.node_instance_ids(nodes).await?;
         let dns = match spec.kind {
             Kind::Classic => self.clb_ensure(cluster, &name, &spec, nodes).await?,
             Kind::Network => self.nlb_ensure(cluster, &name, &spec, nodes).await?,
         };
+        self.inner.memory.lock().lb_backends.insert(name, ids);
         Ok(status(&dns))
     }
 
@@ -257,10 +259,18 @@ impl LoadBalancer for AwsCloud {
     ) -> CloudResult<()> {
         let spec = annotations::parse(service)?;
         let name = default_load_balancer_name(service);
-        match spec.kind {
-            Kind::Classic => self.clb_update(cluster, &name, nodes).await,
-            Kind::Network => self.nlb_update(cluster, &name, &spec, nodes).await,
+        // The controller updates when its node set changes, which includes a new Node getting
+        // its providerID: the same instances as the update before. Those cost nothing.
+        let ids = self.node_instance_ids(nodes).await?;
+        if self.inner.memory.lock().lb_backends.get(&name) == Some(&ids) {
+            return Ok(());
         }
+        match spec.kind {
+            Kind::Classic => self.clb_update(cluster, &name, nodes).await?,
+            Kind::Network => self.nlb_update(cluster, &name, &spec, nodes).await?,
+        }
+        self.inner.memory.lock().lb_backends.insert(name, ids);
+        Ok(())
     }
 
     async fn ensure_load_balancer_deleted(
@@ -269,6 +279,7 @@ impl LoadBalancer for AwsCloud {
         service: &Service,
     ) -> CloudResult<()> {
         let name = default_load_balancer_name(service);
+        self.inner.memory.lock().lb_backends.remove(&name);
         // Both kinds: the annotation may have changed since the LB was made.
         self.clb_delete(cluster, &name).await?;
         self.nlb_delete(cluster, &name).await
