@@ -72,7 +72,8 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("M: {nodes} nodes and {lbs} services registered; starting CCM");
     moto.start_recording().await;
     let t0 = Instant::now();
-    cluster.start_ccm(world.provider().await, &[]).await?;
+    let aws = world.provider().await;
+    cluster.start_ccm(aws.clone(), &[]).await?;
     converge(&cluster, nodes, lbs).await?;
     let t_conv = t0.elapsed();
     tokio::time::sleep(Duration::from_secs(30)).await;
@@ -83,6 +84,11 @@ async fn main() -> anyhow::Result<()> {
     );
     let routes = world.routes().await?.len();
     eprintln!("M: routes in table: {routes}");
+    // The recorder counts HTTP attempts (the SDK's retries too); the provider counts operations.
+    eprintln!(
+        "M: provider operations so far: {:?}",
+        aws.metrics().snapshot()
+    );
 
     moto.start_recording().await;
     tokio::time::sleep(Duration::from_secs(idle)).await;

@@ -417,6 +417,8 @@ impl AwsCloud {
             p.names.extend(names);
             p.waiters.push(tx);
         }
+        // Lookups started together (a refresh's chunks, joined) queue before the first flies.
+        tokio::task::yield_now().await;
         let _flight = self.inner.flight.lock().await;
         if let Ok(done) = rx.try_recv() {
             return done;

@@ -399,6 +399,22 @@ fn lookups_by_id_page_and_drop_ids_ec2_does_not_know() {
 }
 
 #[test]
+fn lookups_started_together_share_one_call() {
+    // The address refresh looks up its chunks of Nodes concurrently: one DescribeInstances.
+    let fake = fleet(2, |_| "running");
+    let cloud = provider(&fake);
+    let (first, second) = ([with_pid(0)], [with_pid(1)]);
+    let (a, b) = rt().block_on(async {
+        futures::join!(
+            cloud.instances_metadata(&first),
+            cloud.instances_metadata(&second)
+        )
+    });
+    assert!(matches!(a[0], Ok(Some(_))) && matches!(b[0], Ok(Some(_))));
+    assert_eq!(fake.calls("DescribeInstances"), 1);
+}
+
+#[test]
 fn throttling_surfaces_as_throttled_after_the_sdks_three_attempts() {
     let fake = fleet(1, |_| "running");
     fake.0.lock().throttle_next = 3;
