@@ -35,6 +35,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    ccm_manager::app::use_one_malloc_arena();
     let cli = Cli::parse();
     let opts = match cli.command {
         Some(Command::Run(opts)) => *opts,

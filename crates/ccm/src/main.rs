@@ -76,6 +76,9 @@ fn parse_cli() -> Cli {
 
 fn main() -> ExitCode {
     let cli = parse_cli();
+    if matches!(cli.command, None | Some(Command::Run(_))) {
+        ccm_manager::app::use_one_malloc_arena();
+    }
     ccm_manager::app::block_on(async move {
         match cli.command {
             Some(Command::Run(opts)) => ccm_manager::app::run(*opts, &providers::providers()).await,
