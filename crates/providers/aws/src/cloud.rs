@@ -54,6 +54,8 @@ pub(crate) struct Memory {
     pub route_tables: HashMap<String, Vec<String>>,
     /// Availability zone name → zone id.
     pub zone_ids: HashMap<String, String>,
+    /// The last listing of the cluster's VPC (answers name lookups while fresh).
+    pub listing: Option<crate::instances::Listing>,
     /// (node security group, LB security group) pairs known to have the allow rule.
     pub sg_rules: std::collections::HashSet<(String, String)>,
 }
@@ -141,7 +143,7 @@ impl AwsCloud {
 
     /// Runs one SDK operation, recording upstream's metrics, and returns the raw SDK error so
     /// callers can act on specific codes (`InvalidInstanceID.NotFound`, `RouteAlreadyExists`).
-    pub(crate) async fn call_raw<T, E, R>(
+    pub(crate) async fn call_raw<T, E: ProvideErrorMetadata, R>(
         &self,
         request: &'static str,
         fut: impl Future<Output = Result<T, SdkError<E, R>>>,
@@ -151,6 +153,13 @@ impl AwsCloud {
         self.inner
             .metrics
             .observe(request, start.elapsed().as_secs_f64(), out.is_err());
+        if let Err(SdkError::ServiceError(e)) = &out
+            && e.err()
+                .code()
+                .is_some_and(|c| crate::error::THROTTLE_CODES.contains(&c))
+        {
+            self.inner.metrics.throttled(request);
+        }
         out
     }
 

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -26,6 +27,18 @@ const MAX_FILTER_VALUES: usize = 150;
 pub const LABEL_ZONE_ID: &str = "topology.k8s.aws/zone-id";
 /// The code EC2 answers when any id in `InstanceIds` does not exist.
 const NOT_FOUND: &str = "InvalidInstanceID.NotFound";
+/// How long a listing of the cluster's VPC answers lookups by name. A burst asks for the same
+/// names from several controllers (cloud-node, route, service) over some seconds; one listing
+/// answers all of them. Upstream caches all instances for its route listing for the same 20 s.
+pub(crate) const LISTING_TTL: Duration = Duration::from_secs(20);
+/// Instance states a Node can belong to (upstream's `aliveFilter`: not terminated).
+const ALIVE: [&str; 5] = ["pending", "running", "shutting-down", "stopping", "stopped"];
+
+/// Every live instance of the cluster's VPC by private DNS name, from one listing.
+pub(crate) struct Listing {
+    at: Instant,
+    by_name: HashMap<String, Instance>,
+}
 
 /// Lookups queued while another `DescribeInstances` is in flight; the next caller to get the
 /// flight lock answers all of them with one call (per 1,000 ids / 150 names), so a burst of
@@ -123,10 +136,9 @@ fn state(inst: &Instance) -> Option<&InstanceStateName> {
 
 fn status_of(inst: Option<&Instance>) -> InstanceStatus {
     let state = inst.and_then(state);
-    let terminated = matches!(
-        state,
-        Some(InstanceStateName::Terminated) | Some(InstanceStateName::ShuttingDown)
-    );
+    // As upstream: only `terminated` is gone; `shutting-down` still exists (its Node stays
+    // until EC2 reports it terminated).
+    let terminated = matches!(state, Some(InstanceStateName::Terminated));
     InstanceStatus {
         exists: inst.is_some() && !terminated,
         shutdown: !terminated
@@ -248,56 +260,119 @@ impl AwsCloud {
     }
 
     /// Live instances by private DNS name (upstream's lookup for Nodes without providerID).
+    /// Names a fresh listing of the VPC knows cost nothing; up to 150 others cost one
+    /// `private-dns-name` call; more than that list the VPC (1,000 instances a page) — after
+    /// one name call that tells which VPC when neither the cloud-config nor memory knows.
     pub(crate) async fn describe_names(
         &self,
         names: &[String],
     ) -> CloudResult<HashMap<String, Instance>> {
-        let live = Filter::builder()
-            .name("instance-state-name")
-            .set_values(Some(
-                ["pending", "running", "stopping", "stopped"]
-                    .map(String::from)
-                    .to_vec(),
-            ))
-            .build();
-        // Many names: list the cluster's VPC instead (1,000 instances per page) when it is
-        // known, rather than one call per 150 names.
-        let scopes: Vec<Filter> = match self.known_vpc().filter(|_| names.len() > MAX_FILTER_VALUES)
-        {
-            Some(vpc) => vec![Filter::builder().name("vpc-id").values(vpc).build()],
-            None => names
-                .chunks(MAX_FILTER_VALUES)
-                .map(|c| {
-                    Filter::builder()
-                        .name("private-dns-name")
-                        .set_values(Some(c.to_vec()))
-                        .build()
-                })
-                .collect(),
-        };
-        let wanted: BTreeSet<&str> = names.iter().map(String::as_str).collect();
-        let mut out = HashMap::new();
-        for scope in scopes {
-            let list = self
-                .describe_pages(None, Some(vec![scope, live.clone()]))
-                .await
-                .map_err(|e| error::map("DescribeInstances", e))?;
-            for inst in list {
-                if let Some(dns) = inst.private_dns_name().filter(|d| wanted.contains(d)) {
-                    out.insert(dns.to_string(), inst);
-                }
-            }
+        let mut out = self.listed(names);
+        let mut rest: Vec<String> = names
+            .iter()
+            .filter(|n| !out.contains_key(*n))
+            .cloned()
+            .collect();
+        if rest.len() > MAX_FILTER_VALUES && self.known_vpc().is_none() {
+            let first: Vec<String> = rest.drain(..MAX_FILTER_VALUES).collect();
+            out.extend(self.describe_by_dns_name(&first).await?);
         }
+        if !rest.is_empty() {
+            let found = match self.known_vpc().filter(|_| rest.len() > MAX_FILTER_VALUES) {
+                Some(vpc) => {
+                    self.list_vpc(&vpc).await?;
+                    self.listed(&rest)
+                }
+                None => self.describe_by_dns_name(&rest).await?,
+            };
+            out.extend(found);
+        }
+        self.note_names(&out);
+        Ok(out)
+    }
+
+    /// Remembers which instance each Node name is.
+    fn note_names(&self, found: &HashMap<String, Instance>) {
         let mut mem = self.inner.memory.lock();
-        for (name, inst) in &out {
+        for (name, inst) in found {
             if let Some(id) = inst.instance_id() {
                 mem.node_to_instance.insert(name.clone(), id.to_string());
                 mem.instance_to_node.insert(id.to_string(), name.clone());
             }
         }
         drop(mem);
-        self.remember(out.values());
+        self.remember(found.values());
+    }
+
+    /// The instances a fresh VPC listing has for `names`.
+    fn listed(&self, names: &[String]) -> HashMap<String, Instance> {
+        let mem = self.inner.memory.lock();
+        let Some(l) = mem
+            .listing
+            .as_ref()
+            .filter(|l| l.at.elapsed() < LISTING_TTL)
+        else {
+            return HashMap::new();
+        };
+        names
+            .iter()
+            .filter_map(|n| l.by_name.get(n).map(|i| (n.clone(), i.clone())))
+            .collect()
+    }
+
+    fn alive() -> Filter {
+        Filter::builder()
+            .name("instance-state-name")
+            .set_values(Some(ALIVE.map(String::from).to_vec()))
+            .build()
+    }
+
+    /// One `private-dns-name` filter per 150 names.
+    async fn describe_by_dns_name(
+        &self,
+        names: &[String],
+    ) -> CloudResult<HashMap<String, Instance>> {
+        let wanted: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+        let mut out = HashMap::new();
+        for chunk in names.chunks(MAX_FILTER_VALUES) {
+            let by_name = Filter::builder()
+                .name("private-dns-name")
+                .set_values(Some(chunk.to_vec()))
+                .build();
+            let list = self
+                .describe_pages(None, Some(vec![by_name, Self::alive()]))
+                .await
+                .map_err(|e| error::map("DescribeInstances", e))?;
+            self.remember(list.iter());
+            for inst in list {
+                if let Some(dns) = inst.private_dns_name().filter(|d| wanted.contains(d)) {
+                    out.insert(dns.to_string(), inst);
+                }
+            }
+        }
         Ok(out)
+    }
+
+    /// Lists every live instance of `vpc` and keeps the listing for [`LISTING_TTL`].
+    async fn list_vpc(&self, vpc: &str) -> CloudResult<()> {
+        let in_vpc = Filter::builder().name("vpc-id").values(vpc).build();
+        let list = self
+            .describe_pages(None, Some(vec![in_vpc, Self::alive()]))
+            .await
+            .map_err(|e| error::map("DescribeInstances", e))?;
+        self.remember(list.iter());
+        let by_name = list
+            .into_iter()
+            .filter_map(|i| {
+                let dns = i.private_dns_name().filter(|d| !d.is_empty())?.to_string();
+                Some((dns, i))
+            })
+            .collect();
+        self.inner.memory.lock().listing = Some(Listing {
+            at: Instant::now(),
+            by_name,
+        });
+        Ok(())
     }
 
     /// The cluster's VPC: the cloud-config's, else the one VPC every known instance is in.
@@ -327,6 +402,16 @@ impl AwsCloud {
     /// Queues `ids` and `names` and waits for a `DescribeInstances` that includes them: its own
     /// when no call is in flight, else the next one, shared with every lookup queued meanwhile.
     pub(crate) async fn coalesced(&self, ids: Vec<String>, names: Vec<String>) -> Arc<Found> {
+        if ids.is_empty() && !names.is_empty() {
+            let hit = self.listed(&names);
+            if hit.len() == names.len() {
+                self.note_names(&hit);
+                return Arc::new(Found {
+                    by_id: Ok(HashMap::new()),
+                    by_name: Ok(hit),
+                });
+            }
+        }
         let (tx, mut rx) = oneshot::channel();
         {
             let mut p = self.inner.pending.lock();
@@ -358,6 +443,22 @@ impl AwsCloud {
         }
         // Our own sender was in the batch; the fallback only guards against a logic slip.
         rx.await.unwrap_or(found)
+    }
+
+    /// Instances by id through the shared batcher ([`AwsCloud::coalesced`]).
+    pub(crate) async fn instances_by_id(
+        &self,
+        ids: Vec<String>,
+    ) -> CloudResult<HashMap<String, Instance>> {
+        self.coalesced(ids, Vec::new()).await.by_id.clone()
+    }
+
+    /// Live instances by Node name (private DNS name) through the shared batcher.
+    pub(crate) async fn instances_by_name(
+        &self,
+        names: Vec<String>,
+    ) -> CloudResult<HashMap<String, Instance>> {
+        self.coalesced(Vec::new(), names).await.by_name.clone()
     }
 
     /// The instance behind each Node (`Ok(None)`: no such instance), in two calls at most per
@@ -622,6 +723,14 @@ mod tests {
             InstanceStatus {
                 exists: true,
                 shutdown: true
+            }
+        );
+        // Not gone yet, as upstream: its Node stays until EC2 says terminated.
+        assert_eq!(
+            st(InstanceStateName::ShuttingDown),
+            InstanceStatus {
+                exists: true,
+                shutdown: false
             }
         );
         assert_eq!(

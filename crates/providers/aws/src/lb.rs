@@ -59,7 +59,7 @@ impl AwsCloud {
             }
         }
         if !names.is_empty() {
-            for inst in self.describe_names(&names).await?.values() {
+            for inst in self.instances_by_name(names).await?.values() {
                 ids.extend(inst.instance_id().map(String::from));
             }
         }
@@ -82,7 +82,7 @@ impl AwsCloud {
             return Ok(v);
         }
         let ids: Vec<String> = instance_ids.iter().cloned().collect();
-        self.describe_ids(&ids).await?;
+        self.instances_by_id(ids).await?;
         known(&self.inner.memory.lock()).ok_or_else(|| {
             CloudError::Permanent(
                 "cannot tell the cluster's VPC: no node instance is known; set vpc in --cloud-config".into(),
@@ -104,7 +104,7 @@ impl AwsCloud {
                 .collect()
         };
         if !missing.is_empty() {
-            self.describe_ids(&missing).await?;
+            self.instances_by_id(missing).await?;
         }
         let mem = self.inner.memory.lock();
         Ok(instance_ids

@@ -1,12 +1,15 @@
-//! Upstream cloud-provider-aws's API metrics, by AWS action name (`request` label):
-//! `cloudprovider_aws_api_request_duration_seconds` and `cloudprovider_aws_api_request_errors`.
-//! They count what AWS saw, one sample per SDK operation including the SDK's retries; ccm-rs's
-//! own `cloudprovider_api_*` metrics count provider calls instead.
+//! Upstream cloud-provider-aws's API metrics, by AWS action name:
+//! `cloudprovider_aws_api_request_duration_seconds{request}`,
+//! `cloudprovider_aws_api_request_errors{request}` and
+//! `cloudprovider_aws_api_throttled_requests_total{operation_name}`. They count what AWS saw,
+//! one sample per SDK operation including the SDK's retries; ccm-rs's own `cloudprovider_api_*`
+//! metrics count provider calls instead.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -17,6 +20,12 @@ struct RequestLabel {
     request: &'static str,
 }
 
+/// Upstream labels its throttle counter `operation_name`, unlike the other two.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabel {
+    operation_name: &'static str,
+}
+
 /// The AWS API metrics of one provider instance.
 #[derive(Clone)]
 pub struct AwsMetrics {
@@ -24,6 +33,7 @@ pub struct AwsMetrics {
     // A gauge, not a counter: prometheus-client would export a counter as `..._errors_total`,
     // and upstream dashboards query `cloudprovider_aws_api_request_errors`. It only goes up.
     errors: Family<RequestLabel, Gauge>,
+    throttled: Family<OperationLabel, Counter>,
     tally: Arc<parking_lot::Mutex<BTreeMap<&'static str, u64>>>,
 }
 
@@ -34,13 +44,14 @@ impl Default for AwsMetrics {
                 Histogram::new(exponential_buckets(0.005, 2.0, 15))
             }),
             errors: Family::default(),
+            throttled: Family::default(),
             tally: Arc::default(),
         }
     }
 }
 
 impl AwsMetrics {
-    /// Registers both families into the process registry served at `/metrics`.
+    /// Registers the families into the process registry served at `/metrics`.
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "cloudprovider_aws_api_request_duration_seconds",
@@ -52,6 +63,20 @@ impl AwsMetrics {
             "AWS API errors",
             self.errors.clone(),
         );
+        // prometheus-client adds the `_total` suffix of upstream's name.
+        registry.register(
+            "cloudprovider_aws_api_throttled_requests",
+            "AWS API throttled requests",
+            self.throttled.clone(),
+        );
+    }
+
+    /// An operation that AWS still throttled after the SDK's retries (upstream counts at the
+    /// same place: its middleware wraps the SDK's retry loop).
+    pub(crate) fn throttled(&self, operation_name: &'static str) {
+        self.throttled
+            .get_or_create(&OperationLabel { operation_name })
+            .inc();
     }
 
     pub(crate) fn observe(&self, request: &'static str, seconds: f64, failed: bool) {

@@ -197,18 +197,23 @@ fn describe_instances(s: &State, f: &HashMap<String, String>) -> (u16, String) {
         ids.iter().map(|i| by_id[i].clone()).collect()
     } else {
         let mut names = Vec::new();
+        let mut vpcs = Vec::new();
         for i in 1.. {
             let Some(name) = f.get(&format!("Filter.{i}.Name")) else {
                 break;
             };
-            if name == "private-dns-name" {
-                names.extend(list(f, &format!("Filter.{i}.Value")));
+            match name.as_str() {
+                "private-dns-name" => names.extend(list(f, &format!("Filter.{i}.Value"))),
+                "vpc-id" => vpcs.extend(list(f, &format!("Filter.{i}.Value"))),
+                _ => {}
             }
         }
         let names: std::collections::HashSet<String> = names.into_iter().collect();
+        // Every instance of the fake is in vpc-1.
+        let whole_vpc = vpcs.iter().any(|v| v == "vpc-1");
         s.fleet
             .iter()
-            .filter(|x| names.contains(&dns(x.n)))
+            .filter(|x| whole_vpc || names.contains(&dns(x.n)))
             .cloned()
             .collect()
     };
@@ -342,6 +347,27 @@ fn lookups_by_name_follow_next_token_and_split_names_by_150() {
 }
 
 #[test]
+fn a_name_the_fresh_listing_lacks_is_asked_for_by_filter() {
+    let fake = fleet(400, |_| "running");
+    let cloud = provider(&fake);
+    let nodes: Vec<Node> = (0..400).map(|n| node(&dns(n), None)).collect();
+    // 400 names: 150 by filter (4 pages of 40) tell the VPC; more than 150 are left, so the
+    // VPC's listing (10 pages) answers them.
+    let meta = rt().block_on(cloud.instances_metadata(&nodes));
+    assert!(meta.iter().all(|m| matches!(m, Ok(Some(_)))));
+    assert_eq!(fake.calls("DescribeInstances"), 4 + 10);
+    // A name the listing does not have (an instance launched since, or none): one filter call.
+    let ghost = node("ip-10-9-9-9.ec2.internal", None);
+    let meta = rt().block_on(cloud.instances_metadata(&[ghost]));
+    assert!(matches!(meta[0], Err(CloudError::InstanceNotFound)));
+    assert_eq!(fake.calls("DescribeInstances"), 4 + 10 + 1);
+    // 151 names is over the filter limit but the listing is fresh: no call.
+    let meta = rt().block_on(cloud.instances_metadata(&nodes[..151]));
+    assert!(meta.iter().all(|m| matches!(m, Ok(Some(_)))));
+    assert_eq!(fake.calls("DescribeInstances"), 4 + 10 + 1);
+}
+
+#[test]
 fn lookups_by_id_page_and_drop_ids_ec2_does_not_know() {
     // 1,200 Nodes with providerIDs and one whose instance EC2 no longer knows: two chunks
     // (1,000 + 201 ids, sorted, so the unknown id — it sorts last — is in chunk 2). Chunk 1 is
@@ -406,6 +432,12 @@ fn throttling_surfaces_as_throttled_after_the_sdks_three_attempts() {
     assert!(
         text.contains(
             "cloudprovider_aws_api_request_duration_seconds_count{request=\"DescribeInstances\"} 2\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "cloudprovider_aws_api_throttled_requests_total{operation_name=\"DescribeInstances\"} 1\n"
         ),
         "{text}"
     );

@@ -140,7 +140,7 @@ impl AwsCloud {
         let live = if unknown.is_empty() {
             HashMap::new()
         } else {
-            self.describe_ids(&unknown).await?
+            self.instances_by_id(unknown).await?
         };
         let mut mem = self.inner.memory.lock();
         for (id, inst) in &live {
@@ -160,10 +160,10 @@ impl AwsCloud {
         if let Some(id) = self.inner.memory.lock().node_to_instance.get(node) {
             return Ok(id.clone());
         }
-        // Through the coalescer: a burst's route creations share one lookup.
-        let found = self.coalesced(Vec::new(), vec![node.to_string()]).await;
-        let found = found.by_name.as_ref().map_err(Clone::clone)?;
-        found
+        // Through the shared batcher: a burst's route creations share the lookups (and the VPC
+        // listing) of the cloud-node and service controllers.
+        self.instances_by_name(vec![node.to_string()])
+            .await?
             .get(node)
             .and_then(|i| i.instance_id())
             .map(String::from)

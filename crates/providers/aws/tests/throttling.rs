@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ccm_controllers::nodeutil::{TAINT_UNINITIALIZED, has_taint};
@@ -14,7 +15,9 @@ use serde_json::json;
 
 const NODES: usize = 8;
 
-async fn bring_up(region: &str, proxy: &ThrottleProxy) -> anyhow::Result<u64> {
+/// Brings the cluster up through `proxy`; returns the calls AWS saw and the provider's
+/// `/metrics` text.
+async fn bring_up(region: &str, proxy: &ThrottleProxy) -> anyhow::Result<(u64, String)> {
     let world = AwsWorld::create(Moto::shared(), region).await?;
     let mut instances = world.run_instances(NODES as i32 / 2, 0).await?;
     instances.extend(world.run_instances(NODES as i32 / 2, 1).await?);
@@ -22,6 +25,8 @@ async fn bring_up(region: &str, proxy: &ThrottleProxy) -> anyhow::Result<u64> {
         cloud_config(&proxy.url),
         sdk_config(region).await,
     );
+    let mut registry = prometheus_client::registry::Registry::default();
+    provider.metrics().register(&mut registry);
     let mut cluster = Cluster::start().await?;
     cluster.start_ccm(provider, &[]).await?;
     for (i, (_, dns)) in instances.iter().enumerate() {
@@ -55,13 +60,27 @@ async fn bring_up(region: &str, proxy: &ThrottleProxy) -> anyhow::Result<u64> {
     )
     .await?;
     cluster.stop_ccm().await?;
-    Ok(proxy.calls().values().sum())
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)?;
+    Ok((proxy.calls().values().sum(), text))
+}
+
+/// `cloudprovider_aws_api_throttled_requests_total` by operation, from exported text.
+fn throttled_ops(text: &str) -> BTreeMap<String, u64> {
+    let prefix = "cloudprovider_aws_api_throttled_requests_total{operation_name=\"";
+    text.lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .filter_map(|l| {
+            let (op, value) = l.split_once("\"} ")?;
+            Some((op.to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn converges_under_throttling_with_at_most_three_times_the_calls() -> anyhow::Result<()> {
     let clean = ThrottleProxy::start(&Moto::shared().url).await;
-    let fault_free = bring_up("us-west-1", &clean).await?;
+    let (fault_free, clean_metrics) = bring_up("us-west-1", &clean).await?;
 
     let faulty = ThrottleProxy::start(&Moto::shared().url).await;
     // 3 throttles exhaust the SDK's 3 attempts (the controller sees CloudError::Throttled and
@@ -69,7 +88,7 @@ async fn converges_under_throttling_with_at_most_three_times_the_calls() -> anyh
     faulty.fail_next("DescribeInstances", 3);
     faulty.fail_next("CreateRoute", 2);
     faulty.fail_next("CreateLoadBalancer", 3);
-    let throttled = bring_up("ca-central-1", &faulty).await?;
+    let (throttled, metrics) = bring_up("ca-central-1", &faulty).await?;
 
     let injected = faulty.throttled();
     eprintln!("fault-free {fault_free} calls {:?}", clean.calls());
@@ -84,5 +103,13 @@ async fn converges_under_throttling_with_at_most_three_times_the_calls() -> anyh
         throttled <= 3 * fault_free,
         "{throttled} calls under throttling vs {fault_free} fault-free"
     );
+    // Upstream's throttle counter counts operations still throttled after the SDK's retries:
+    // the 3-throttle ones (instance lookups are serialized by the provider's batcher, the one
+    // LB is created once at a time), not the CreateRoutes the SDK's retry absorbed.
+    assert_eq!(throttled_ops(&clean_metrics), BTreeMap::new());
+    let want: BTreeMap<String, u64> = [("DescribeInstances", 1), ("CreateLoadBalancer", 1)]
+        .map(|(k, v)| (k.to_string(), v))
+        .into();
+    assert_eq!(throttled_ops(&metrics), want, "{metrics}");
     Ok(())
 }

@@ -97,6 +97,16 @@ impl Moto {
 
     /// Calls recorded since [`Moto::start_recording`], by AWS action.
     pub async fn recorded(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut out = std::collections::BTreeMap::new();
+        for (action, _) in self.recorded_calls().await {
+            *out.entry(action).or_default() += 1;
+        }
+        out
+    }
+
+    /// Calls recorded since [`Moto::start_recording`] in the order moto saw them: the AWS
+    /// action and the decoded form body (its parameters: ids, filters).
+    pub async fn recorded_calls(&self) -> Vec<(String, String)> {
         let c = reqwest_like::Client;
         let body = c
             .get(&format!(
@@ -104,7 +114,7 @@ impl Moto {
                 self.url
             ))
             .await;
-        let mut out = std::collections::BTreeMap::new();
+        let mut out = Vec::new();
         // Records written by moto's threads can share a line: read a stream of JSON values.
         for v in serde_json::Deserializer::from_str(&body).into_iter::<serde_json::Value>() {
             let v = v.expect("recorder entries are JSON");
@@ -124,7 +134,7 @@ impl Moto {
                 .find_map(|kv| kv.strip_prefix("Action="))
                 .expect("every recorded AWS call names its Action")
                 .to_string();
-            *out.entry(action).or_default() += 1;
+            out.push((action, body));
         }
         out
     }
