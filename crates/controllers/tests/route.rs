@@ -149,7 +149,14 @@ impl Running {
 
 /// A controller with its own Shared (fresh caches), as a new process would have.
 fn start(env: &Env, config: RouteConfig) -> Running {
+    start_with(env, config, false)
+}
+
+/// `start`, telling the controller whether a cloud-node controller folds the condition of
+/// Nodes it initializes into its own write.
+fn start_with(env: &Env, config: RouteConfig, node_folds: bool) -> Running {
     let shared = Shared::new(env.provider.clone(), CLUSTER);
+    shared.routed.set_node_folds(node_folds);
     let shutdown = CancellationToken::new();
     shared.start_informers(env.client.clone(), shutdown.clone());
     let mut registry = Registry::default();
@@ -342,6 +349,47 @@ async fn a_join_creates_its_route_without_listing() {
         "{s:?}"
     );
     assert_eq!(env.routes().len(), 3);
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
+/// While the cloud-node controller folds the condition of Nodes it initializes, uninitialized
+/// Nodes routed by an earlier sync still lack it; that is no reason to list: a second joining
+/// Node is created from the known listing too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_awaiting_the_fold_are_created_without_listing() {
+    let env = Env::new(12).await;
+    let run = start_with(&env, config(RouteMode::Watch), true);
+    wait_for("startup sync", || async {
+        run.syncs() == 1 && run.handle.pending() == 0
+    })
+    .await;
+    let lists = env.metrics.count(op::LIST_ROUTES);
+    for (i, name) in ["a", "b"].into_iter().enumerate() {
+        let cidr = format!("10.244.{}.0/24", i + 1);
+        env.cloud.add_instance(InstanceSpec::new(name));
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "podCIDRs": [cidr],
+                "taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized",
+                    "value": "true", "effect": "NoSchedule"}],
+            },
+        }))
+        .expect("node");
+        env.nodes()
+            .create(&PostParams::default(), &node)
+            .await
+            .expect("create node");
+        wait_for("route created", || async {
+            env.has_route(name, &cidr) && run.handle.pending() == 0
+        })
+        .await;
+    }
+    assert_eq!(run.handle.syncs_from_known(), 2, "{:?}", run.handle.syncs());
+    assert_eq!(env.metrics.count(op::LIST_ROUTES), lists, "no ListRoutes");
+    // The condition of both is left to the cloud-node controller.
+    assert_eq!(env.condition_writes(), 0);
     run.stop().await;
     env.kube.shutdown().await;
 }

@@ -774,9 +774,10 @@ impl RouteController {
     }
 
     /// The fast path's plan: against the known listing, when all it has to do is create routes
-    /// (and write the condition of the nodes it creates them for). Anything that deletes, or a
-    /// condition of another node, is left to a sync that lists: the known listing may miss
-    /// blackholes and changes made behind the controller's back.
+    /// (and write the condition of the nodes it creates them for, or of nodes whose condition
+    /// the cloud-node controller folds into its own write: no write here). Anything that
+    /// deletes, or writes another node's condition, is left to a sync that lists: the known
+    /// listing may miss blackholes and changes made behind the controller's back.
     fn plan_from_known(&self, nodes: &[NodeView]) -> Option<(RoutePlan, i64)> {
         let known = self.known.lock();
         let routes = known.as_ref()?;
@@ -787,12 +788,21 @@ impl RouteController {
             .iter()
             .map(|c| c.route.target_node.as_str())
             .collect();
+        let folds = self.shared.routed.node_folds();
+        let folded = |node: &str| {
+            folds
+                && self
+                    .shared
+                    .nodes
+                    .get(node)
+                    .is_some_and(|n| has_taint(&n, TAINT_UNINITIALIZED))
+        };
         let only_creates = !plan.creates.is_empty()
             && plan.deletes.is_empty()
             && plan
                 .conditions
                 .iter()
-                .all(|u| creating.contains(u.node.as_str()));
+                .all(|u| creating.contains(u.node.as_str()) || folded(&u.node));
         only_creates.then(|| (plan, managed_routes(routes, cidrs)))
     }
 
