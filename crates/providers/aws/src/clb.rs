@@ -189,51 +189,27 @@ impl AwsCloud {
 
     /// Removes every rule in the VPC's groups that admits `source`, then forgets them.
     pub(crate) async fn revoke_from(&self, source: &str) -> CloudResult<()> {
-        let ec2 = self.clients().await?.ec2.clone();
-        let groups = self
-            .call(
-                "DescribeSecurityGroups",
-                ec2.describe_security_groups()
-                    .filters(
-                        Filter::builder()
-                            .name("ip-permission.group-id")
-                            .values(source)
-                            .build(),
-                    )
-                    .send(),
-            )
-            .await?;
-        for g in groups.security_groups() {
-            let Some(id) = g.group_id() else { continue };
-            let perms: Vec<IpPermission> = g
-                .ip_permissions()
+        let admits = Filter::builder()
+            .name("ip-permission.group-id")
+            .values(source)
+            .build();
+        self.revoke_matching(admits, |p| {
+            let ours = p
+                .user_id_group_pairs()
                 .iter()
-                .filter(|p| {
-                    p.user_id_group_pairs()
-                        .iter()
-                        .any(|u| u.group_id() == Some(source))
-                })
-                .map(|p| {
-                    IpPermission::builder()
-                        .set_ip_protocol(p.ip_protocol().map(String::from))
-                        .set_from_port(p.from_port())
-                        .set_to_port(p.to_port())
-                        .user_id_group_pairs(UserIdGroupPair::builder().group_id(source).build())
-                        .build()
-                })
-                .collect();
-            if perms.is_empty() {
-                continue;
-            }
-            self.call(
-                "RevokeSecurityGroupIngress",
-                ec2.revoke_security_group_ingress()
-                    .group_id(id)
-                    .set_ip_permissions(Some(perms))
-                    .send(),
-            )
-            .await?;
-        }
+                .any(|u| u.group_id() == Some(source));
+            ours.then(|| {
+                IpPermission::builder()
+                    .set_ip_protocol(p.ip_protocol().map(String::from))
+                    .set_from_port(p.from_port())
+                    .set_to_port(p.to_port())
+                    .user_id_group_pairs(UserIdGroupPair::builder().group_id(source).build())
+                    .build()
+            })
+            .into_iter()
+            .collect()
+        })
+        .await?;
         self.inner
             .memory
             .lock()

@@ -54,8 +54,10 @@ pub(crate) struct Memory {
     pub route_tables: HashMap<String, Vec<String>>,
     /// Availability zone name → zone id.
     pub zone_ids: HashMap<String, String>,
-    /// The last listing of the cluster's VPC (answers name lookups while fresh).
-    pub listing: Option<crate::instances::Listing>,
+    /// Node name → instance, as recently found by name (answers lookups while fresh).
+    pub by_name: HashMap<String, crate::instances::Seen>,
+    /// LB name → the instances its last successful ensure or update made its backends.
+    pub lb_backends: HashMap<String, std::collections::BTreeSet<String>>,
     /// (node security group, LB security group) pairs known to have the allow rule.
     pub sg_rules: std::collections::HashSet<(String, String)>,
 }

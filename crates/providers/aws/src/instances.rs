@@ -27,17 +27,18 @@ const MAX_FILTER_VALUES: usize = 150;
 pub const LABEL_ZONE_ID: &str = "topology.k8s.aws/zone-id";
 /// The code EC2 answers when any id in `InstanceIds` does not exist.
 const NOT_FOUND: &str = "InvalidInstanceID.NotFound";
-/// How long a listing of the cluster's VPC answers lookups by name. A burst asks for the same
-/// names from several controllers (cloud-node, route, service) over some seconds; one listing
-/// answers all of them. Upstream caches all instances for its route listing for the same 20 s.
-pub(crate) const LISTING_TTL: Duration = Duration::from_secs(20);
+/// How long an instance found by name answers further lookups of that name. A burst asks for
+/// the same new Nodes from several controllers (cloud-node, route, service) over some seconds;
+/// one answer — a 150-name filter or a listing of the VPC — serves all of them. Upstream caches
+/// all instances for its route listing for the same 20 s.
+pub(crate) const BY_NAME_TTL: Duration = Duration::from_secs(20);
 /// Instance states a Node can belong to (upstream's `aliveFilter`: not terminated).
 const ALIVE: [&str; 5] = ["pending", "running", "shutting-down", "stopping", "stopped"];
 
-/// Every live instance of the cluster's VPC by private DNS name, from one listing.
-pub(crate) struct Listing {
+/// An instance as a lookup by name (or a VPC listing) saw it, and when.
+pub(crate) struct Seen {
     at: Instant,
-    by_name: HashMap<String, Instance>,
+    inst: Instance,
 }
 
 /// Lookups queued while another `DescribeInstances` is in flight; the next caller to get the
@@ -260,14 +261,14 @@ impl AwsCloud {
     }
 
     /// Live instances by private DNS name (upstream's lookup for Nodes without providerID).
-    /// Names a fresh listing of the VPC knows cost nothing; up to 150 others cost one
+    /// Names seen in the last [`BY_NAME_TTL`] cost nothing; up to 150 others cost one
     /// `private-dns-name` call; more than that list the VPC (1,000 instances a page) — after
     /// one name call that tells which VPC when neither the cloud-config nor memory knows.
     pub(crate) async fn describe_names(
         &self,
         names: &[String],
     ) -> CloudResult<HashMap<String, Instance>> {
-        let mut out = self.listed(names);
+        let mut out = self.seen(names);
         let mut rest: Vec<String> = names
             .iter()
             .filter(|n| !out.contains_key(*n))
@@ -281,7 +282,7 @@ impl AwsCloud {
             let found = match self.known_vpc().filter(|_| rest.len() > MAX_FILTER_VALUES) {
                 Some(vpc) => {
                     self.list_vpc(&vpc).await?;
-                    self.listed(&rest)
+                    self.seen(&rest)
                 }
                 None => self.describe_by_dns_name(&rest).await?,
             };
@@ -304,20 +305,27 @@ impl AwsCloud {
         self.remember(found.values());
     }
 
-    /// The instances a fresh VPC listing has for `names`.
-    fn listed(&self, names: &[String]) -> HashMap<String, Instance> {
-        let mem = self.inner.memory.lock();
-        let Some(l) = mem
-            .listing
-            .as_ref()
-            .filter(|l| l.at.elapsed() < LISTING_TTL)
-        else {
-            return HashMap::new();
-        };
+    /// The instances seen by name in the last [`BY_NAME_TTL`] for `names`; older ones are
+    /// dropped.
+    fn seen(&self, names: &[String]) -> HashMap<String, Instance> {
+        let mut mem = self.inner.memory.lock();
+        mem.by_name.retain(|_, s| s.at.elapsed() < BY_NAME_TTL);
         names
             .iter()
-            .filter_map(|n| l.by_name.get(n).map(|i| (n.clone(), i.clone())))
+            .filter_map(|n| mem.by_name.get(n).map(|s| (n.clone(), s.inst.clone())))
             .collect()
+    }
+
+    /// Keeps what a call just returned for lookups by name.
+    fn saw<'a>(&self, insts: impl Iterator<Item = &'a Instance>) {
+        let at = Instant::now();
+        let mut mem = self.inner.memory.lock();
+        for inst in insts {
+            if let Some(dns) = inst.private_dns_name().filter(|d| !d.is_empty()) {
+                let inst = inst.clone();
+                mem.by_name.insert(dns.to_string(), Seen { at, inst });
+            }
+        }
     }
 
     fn alive() -> Filter {
@@ -344,6 +352,7 @@ impl AwsCloud {
                 .await
                 .map_err(|e| error::map("DescribeInstances", e))?;
             self.remember(list.iter());
+            self.saw(list.iter());
             for inst in list {
                 if let Some(dns) = inst.private_dns_name().filter(|d| wanted.contains(d)) {
                     out.insert(dns.to_string(), inst);
@@ -353,7 +362,7 @@ impl AwsCloud {
         Ok(out)
     }
 
-    /// Lists every live instance of `vpc` and keeps the listing for [`LISTING_TTL`].
+    /// Lists every live instance of `vpc`, kept for lookups by name for [`BY_NAME_TTL`].
     async fn list_vpc(&self, vpc: &str) -> CloudResult<()> {
         let in_vpc = Filter::builder().name("vpc-id").values(vpc).build();
         let list = self
@@ -361,17 +370,7 @@ impl AwsCloud {
             .await
             .map_err(|e| error::map("DescribeInstances", e))?;
         self.remember(list.iter());
-        let by_name = list
-            .into_iter()
-            .filter_map(|i| {
-                let dns = i.private_dns_name().filter(|d| !d.is_empty())?.to_string();
-                Some((dns, i))
-            })
-            .collect();
-        self.inner.memory.lock().listing = Some(Listing {
-            at: Instant::now(),
-            by_name,
-        });
+        self.saw(list.iter());
         Ok(())
     }
 
@@ -402,15 +401,14 @@ impl AwsCloud {
     /// Queues `ids` and `names` and waits for a `DescribeInstances` that includes them: its own
     /// when no call is in flight, else the next one, shared with every lookup queued meanwhile.
     pub(crate) async fn coalesced(&self, ids: Vec<String>, names: Vec<String>) -> Arc<Found> {
-        if ids.is_empty() && !names.is_empty() {
-            let hit = self.listed(&names);
-            if hit.len() == names.len() {
-                self.note_names(&hit);
-                return Arc::new(Found {
-                    by_id: Ok(HashMap::new()),
-                    by_name: Ok(hit),
-                });
-            }
+        // (Also drops what is no longer fresh, so a quiet cluster keeps no instances around.)
+        let hit = self.seen(&names);
+        if ids.is_empty() && !names.is_empty() && hit.len() == names.len() {
+            self.note_names(&hit);
+            return Arc::new(Found {
+                by_id: Ok(HashMap::new()),
+                by_name: Ok(hit),
+            });
         }
         let (tx, mut rx) = oneshot::channel();
         {
@@ -419,6 +417,8 @@ impl AwsCloud {
             p.names.extend(names);
             p.waiters.push(tx);
         }
+        // Lookups started together (a refresh's chunks, joined) queue before the first flies.
+        tokio::task::yield_now().await;
         let _flight = self.inner.flight.lock().await;
         if let Ok(done) = rx.try_recv() {
             return done;

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
-use aws_sdk_ec2::types::Filter;
+use aws_sdk_ec2::types::{Filter, IpPermission};
 use ccm_cloud::k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus as Status};
 use ccm_cloud::{
     CloudError, CloudResult, LoadBalancer, LoadBalancerStatus, Node, Service,
@@ -64,6 +64,38 @@ impl AwsCloud {
             }
         }
         Ok(ids)
+    }
+
+    /// In every security group `filter` finds, revokes the inbound permissions `pick` makes of
+    /// each of the group's permissions (empty: keep it) — one call per group that has any.
+    pub(crate) async fn revoke_matching(
+        &self,
+        filter: Filter,
+        pick: impl Fn(&IpPermission) -> Vec<IpPermission>,
+    ) -> CloudResult<()> {
+        let ec2 = self.clients().await?.ec2.clone();
+        let groups = self
+            .call(
+                "DescribeSecurityGroups",
+                ec2.describe_security_groups().filters(filter).send(),
+            )
+            .await?;
+        for g in groups.security_groups() {
+            let Some(id) = g.group_id() else { continue };
+            let perms: Vec<IpPermission> = g.ip_permissions().iter().flat_map(&pick).collect();
+            if perms.is_empty() {
+                continue;
+            }
+            self.call(
+                "RevokeSecurityGroupIngress",
+                ec2.revoke_security_group_ingress()
+                    .group_id(id)
+                    .set_ip_permissions(Some(perms))
+                    .send(),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// The VPC: the cloud-config's, else the one the cluster's known instances are in.
@@ -210,10 +242,12 @@ impl LoadBalancer for AwsCloud {
     ) -> CloudResult<LoadBalancerStatus> {
         let spec = annotations::parse(service)?;
         let name = default_load_balancer_name(service);
+        let ids = self.node_instance_ids(nodes).await?;
         let dns = match spec.kind {
             Kind::Classic => self.clb_ensure(cluster, &name, &spec, nodes).await?,
             Kind::Network => self.nlb_ensure(cluster, &name, &spec, nodes).await?,
         };
+        self.inner.memory.lock().lb_backends.insert(name, ids);
         Ok(status(&dns))
     }
 
@@ -225,10 +259,18 @@ impl LoadBalancer for AwsCloud {
     ) -> CloudResult<()> {
         let spec = annotations::parse(service)?;
         let name = default_load_balancer_name(service);
-        match spec.kind {
-            Kind::Classic => self.clb_update(cluster, &name, nodes).await,
-            Kind::Network => self.nlb_update(cluster, &name, &spec, nodes).await,
+        // The controller updates when its node set changes, which includes a new Node getting
+        // its providerID: the same instances as the update before. Those cost nothing.
+        let ids = self.node_instance_ids(nodes).await?;
+        if self.inner.memory.lock().lb_backends.get(&name) == Some(&ids) {
+            return Ok(());
         }
+        match spec.kind {
+            Kind::Classic => self.clb_update(cluster, &name, nodes).await?,
+            Kind::Network => self.nlb_update(cluster, &name, &spec, nodes).await?,
+        }
+        self.inner.memory.lock().lb_backends.insert(name, ids);
+        Ok(())
     }
 
     async fn ensure_load_balancer_deleted(
@@ -237,6 +279,7 @@ impl LoadBalancer for AwsCloud {
         service: &Service,
     ) -> CloudResult<()> {
         let name = default_load_balancer_name(service);
+        self.inner.memory.lock().lb_backends.remove(&name);
         // Both kinds: the annotation may have changed since the LB was made.
         self.clb_delete(cluster, &name).await?;
         self.nlb_delete(cluster, &name).await

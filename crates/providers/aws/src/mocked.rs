@@ -344,6 +344,11 @@ fn lookups_by_name_follow_next_token_and_split_names_by_150() {
         );
     }
     assert_eq!(fake.calls("DescribeInstances"), 4 + 2);
+    // Another controller asking for the same new Nodes (a route's target, an LB's backends)
+    // within 20 s is answered from what those calls returned.
+    let again = rt().block_on(cloud.instances_metadata(&nodes[100..]));
+    assert!(again.iter().all(|m| matches!(m, Ok(Some(_)))));
+    assert_eq!(fake.calls("DescribeInstances"), 4 + 2);
 }
 
 #[test]
@@ -391,6 +396,22 @@ fn lookups_by_id_page_and_drop_ids_ec2_does_not_know() {
     assert!(!s(1200).exists, "unknown id → gone, not an error");
     assert!(status.iter().all(Result::is_ok));
     assert_eq!(fake.calls("DescribeInstances"), 25 + 1 + 5);
+}
+
+#[test]
+fn lookups_started_together_share_one_call() {
+    // The address refresh looks up its chunks of Nodes concurrently: one DescribeInstances.
+    let fake = fleet(2, |_| "running");
+    let cloud = provider(&fake);
+    let (first, second) = ([with_pid(0)], [with_pid(1)]);
+    let (a, b) = rt().block_on(async {
+        futures::join!(
+            cloud.instances_metadata(&first),
+            cloud.instances_metadata(&second)
+        )
+    });
+    assert!(matches!(a[0], Ok(Some(_))) && matches!(b[0], Ok(Some(_))));
+    assert_eq!(fake.calls("DescribeInstances"), 1);
 }
 
 #[test]

@@ -78,6 +78,43 @@ fn health_ports(spec: &LbSpec) -> Vec<i32> {
     }
 }
 
+/// True when `outer` contains every address of `inner` (both CIDRs; unparsable → false).
+fn covers(outer: &str, inner: &str) -> bool {
+    match (outer.parse::<ipnet::IpNet>(), inner.parse::<ipnet::IpNet>()) {
+        (Ok(o), Ok(i)) => o.contains(&i),
+        _ => false,
+    }
+}
+
+/// The node-group rules an NLB needs, as (port, CIDR, description): its client ranges to each
+/// NodePort, and the VPC's CIDRs to each health-check port — except where a client rule on the
+/// same port already admits that CIDR. Upstream adds both; with the default `0.0.0.0/0` and a
+/// traffic-port health check that is two rules where one does, and AWS allows 60 inbound rules
+/// per security group: 25 Classic ELBs and 25 single-port NLBs need 50 rules here, 75 upstream.
+pub(crate) fn node_rules(
+    name: &str,
+    spec: &LbSpec,
+    vpc_cidrs: &[String],
+) -> Vec<(i32, String, String)> {
+    let client = format!("{CLIENT_RULE}{name}");
+    let health = format!("{HEALTH_RULE}{name}");
+    let mut want: Vec<(i32, String, String)> = Vec::new();
+    for p in &spec.ports {
+        for c in &spec.source_ranges {
+            want.push((p.node_port, c.clone(), client.clone()));
+        }
+    }
+    for port in health_ports(spec) {
+        for cidr in vpc_cidrs {
+            let admitted = want.iter().any(|(p, c, _)| *p == port && covers(c, cidr));
+            if !admitted {
+                want.push((port, cidr.clone(), health.clone()));
+            }
+        }
+    }
+    want
+}
+
 impl AwsCloud {
     pub(crate) async fn nlb_find(&self, name: &str) -> CloudResult<Option<Nlb>> {
         let elbv2 = self.clients().await?.elbv2.clone();
@@ -447,19 +484,7 @@ impl AwsCloud {
                     .send(),
             )
             .await?;
-        let client = format!("{CLIENT_RULE}{name}");
-        let health = format!("{HEALTH_RULE}{name}");
-        let mut want: Vec<(i32, String, &str)> = Vec::new();
-        for p in &spec.ports {
-            want.extend(
-                spec.source_ranges
-                    .iter()
-                    .map(|c| (p.node_port, c.clone(), client.as_str())),
-            );
-        }
-        for port in health_ports(spec) {
-            want.extend(cidrs.iter().map(|c| (port, c.clone(), health.as_str())));
-        }
+        let want = node_rules(name, spec, &cidrs);
         for g in current.security_groups() {
             let Some(id) = g.group_id() else { continue };
             let has = |port: i32, cidr: &str| {
@@ -477,7 +502,7 @@ impl AwsCloud {
                         .ip_protocol("tcp")
                         .from_port(*port)
                         .to_port(*port)
-                        .ip_ranges(IpRange::builder().cidr_ip(cidr).description(*desc).build())
+                        .ip_ranges(IpRange::builder().cidr_ip(cidr).description(desc).build())
                         .build()
                 })
                 .collect();
@@ -495,54 +520,30 @@ impl AwsCloud {
 
     /// Revokes the rules this NLB added, wherever they are in the VPC.
     async fn nlb_revoke_rules(&self, name: &str, vpc: &str) -> CloudResult<()> {
-        let ec2 = self.clients().await?.ec2.clone();
-        let groups = self
-            .call(
-                "DescribeSecurityGroups",
-                ec2.describe_security_groups()
-                    .filters(Filter::builder().name("vpc-id").values(vpc).build())
-                    .send(),
-            )
-            .await?;
         let ours = [
             format!("{CLIENT_RULE}{name}"),
             format!("{HEALTH_RULE}{name}"),
         ];
-        for g in groups.security_groups() {
-            let Some(id) = g.group_id() else { continue };
-            let perms: Vec<IpPermission> = g
-                .ip_permissions()
+        let in_vpc = Filter::builder().name("vpc-id").values(vpc).build();
+        self.revoke_matching(in_vpc, |p| {
+            p.ip_ranges()
                 .iter()
-                .flat_map(|p| {
-                    p.ip_ranges()
-                        .iter()
-                        .filter(|r| r.description().is_some_and(|d| ours.iter().any(|o| o == d)))
-                        .map(move |r| {
-                            IpPermission::builder()
-                                .set_ip_protocol(p.ip_protocol().map(String::from))
-                                .set_from_port(p.from_port())
-                                .set_to_port(p.to_port())
-                                .ip_ranges(
-                                    IpRange::builder()
-                                        .set_cidr_ip(r.cidr_ip().map(String::from))
-                                        .build(),
-                                )
-                                .build()
-                        })
+                .filter(|r| r.description().is_some_and(|d| ours.iter().any(|o| o == d)))
+                .map(|r| {
+                    IpPermission::builder()
+                        .set_ip_protocol(p.ip_protocol().map(String::from))
+                        .set_from_port(p.from_port())
+                        .set_to_port(p.to_port())
+                        .ip_ranges(
+                            IpRange::builder()
+                                .set_cidr_ip(r.cidr_ip().map(String::from))
+                                .build(),
+                        )
+                        .build()
                 })
-                .collect();
-            if perms.is_empty() {
-                continue;
-            }
-            self.call(
-                "RevokeSecurityGroupIngress",
-                ec2.revoke_security_group_ingress()
-                    .group_id(id)
-                    .set_ip_permissions(Some(perms))
-                    .send(),
-            )
-            .await?;
-        }
+                .collect()
+        })
+        .await?;
         let key = format!("nlb/{name}");
         self.inner.memory.lock().sg_rules.retain(|(_, k)| *k != key);
         Ok(())
@@ -645,5 +646,69 @@ impl AwsCloud {
             .await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(local: bool, ranges: &[&str]) -> LbSpec {
+        let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop", "uid": "1234",
+                "annotations": {"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}},
+            "spec": {"type": "LoadBalancer",
+                "externalTrafficPolicy": if local { "Local" } else { "Cluster" },
+                "healthCheckNodePort": 32000, "loadBalancerSourceRanges": ranges,
+                "ports": [{"port": 443, "nodePort": 30443}, {"port": 80, "nodePort": 30080}]},
+        }))
+        .expect("service");
+        crate::annotations::parse(&svc).expect("spec")
+    }
+
+    fn rules(spec: &LbSpec) -> Vec<(i32, String, String)> {
+        let mut r = node_rules("lb", spec, &["10.0.0.0/16".to_string()]);
+        r.sort();
+        r
+    }
+
+    fn rule(port: i32, cidr: &str, kind: &str) -> (i32, String, String) {
+        (
+            port,
+            cidr.to_string(),
+            format!("kubernetes.io/rule/nlb/{kind}=lb"),
+        )
+    }
+
+    #[test]
+    fn health_rules_only_where_client_rules_do_not_admit_the_vpc() {
+        // Defaults: clients from anywhere, health checks on the traffic ports — the client
+        // rules admit the VPC already.
+        assert_eq!(
+            rules(&spec(false, &[])),
+            vec![
+                rule(30080, "0.0.0.0/0", "client"),
+                rule(30443, "0.0.0.0/0", "client")
+            ]
+        );
+        // ETP Local: the health-check NodePort needs its own rule.
+        assert_eq!(
+            rules(&spec(true, &[])),
+            vec![
+                rule(30080, "0.0.0.0/0", "client"),
+                rule(30443, "0.0.0.0/0", "client"),
+                rule(32000, "10.0.0.0/16", "health")
+            ]
+        );
+        // Narrow client ranges do not admit the VPC's health checks.
+        assert_eq!(
+            rules(&spec(false, &["203.0.113.0/24"])),
+            vec![
+                rule(30080, "10.0.0.0/16", "health"),
+                rule(30080, "203.0.113.0/24", "client"),
+                rule(30443, "10.0.0.0/16", "health"),
+                rule(30443, "203.0.113.0/24", "client")
+            ]
+        );
     }
 }

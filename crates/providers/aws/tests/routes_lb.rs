@@ -4,27 +4,76 @@ mod common;
 
 use std::time::Duration;
 
+use aws_sdk_ec2::error::DisplayErrorContext;
+use ccm_provider_aws::AwsCloud;
 use common::{AwsWorld, Cluster, Moto, pod_cidr, wait_for};
 use serde_json::json;
 
 const NODES: usize = 6;
 
+type Instances = Vec<(String, String)>;
+type Setup = (AwsWorld, Cluster, Instances, AwsCloud);
+
 /// A cluster of `NODES` initialized nodes in `region` of the shared moto server.
-async fn cluster(region: &str) -> anyhow::Result<(AwsWorld, Cluster, Vec<(String, String)>)> {
-    let world = AwsWorld::create(Moto::shared(), region).await?;
-    let mut instances = world.run_instances(NODES as i32 / 2, 0).await?;
-    instances.extend(world.run_instances(NODES as i32 / 2, 1).await?);
+async fn cluster(region: &str) -> anyhow::Result<Setup> {
+    cluster_on(Moto::shared(), region, NODES, &[]).await
+}
+
+/// `nodes` nodes (half per zone) registered with a CCM started with `flags` on `moto`; the
+/// provider shares its metrics (AWS calls by action) with the CCM's.
+async fn cluster_on(
+    moto: &Moto,
+    region: &str,
+    nodes: usize,
+    flags: &[&str],
+) -> anyhow::Result<Setup> {
+    let world = AwsWorld::create(moto, region).await?;
+    let mut instances = world.run_instances(nodes as i32 / 2, 0).await?;
+    instances.extend(world.run_instances(nodes as i32 / 2, 1).await?);
     let mut cluster = Cluster::start().await?;
-    cluster.start_ccm(world.provider().await, &[]).await?;
+    let aws = world.provider().await;
+    cluster.start_ccm(aws.clone(), flags).await?;
     for (i, (_, dns)) in instances.iter().enumerate() {
         cluster.add_node(dns, &pod_cidr(i)).await?;
     }
-    Ok((world, cluster, instances))
+    Ok((world, cluster, instances, aws))
+}
+
+/// Targets registered in each of the NLB's target groups.
+async fn target_counts(world: &AwsWorld, lb_arn: &str) -> anyhow::Result<Vec<usize>> {
+    let tgs = world
+        .elbv2
+        .describe_target_groups()
+        .load_balancer_arn(lb_arn)
+        .send()
+        .await;
+    // moto answers TargetGroupNotFound for an NLB without target groups (yet).
+    let tgs = match tgs {
+        Err(e)
+            if e.as_service_error().and_then(|s| s.meta().code())
+                == Some("TargetGroupNotFound") =>
+        {
+            return Ok(vec![0]);
+        }
+        r => r.map_err(|e| anyhow::anyhow!("DescribeTargetGroups: {}", DisplayErrorContext(e)))?,
+    };
+    let mut counts = Vec::new();
+    for tg in tgs.target_groups() {
+        let h = world
+            .elbv2
+            .describe_target_health()
+            .target_group_arn(tg.target_group_arn().unwrap_or_default())
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("DescribeTargetHealth: {}", DisplayErrorContext(e)))?;
+        counts.push(h.target_health_descriptions().len());
+    }
+    Ok(counts)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_go_to_the_tagged_table_and_follow_nodes() -> anyhow::Result<()> {
-    let (world, mut cluster, instances) = cluster("us-west-2").await?;
+    let (world, mut cluster, instances, _) = cluster("us-west-2").await?;
     let want: std::collections::BTreeMap<String, String> = instances
         .iter()
         .enumerate()
@@ -138,7 +187,7 @@ fn lb_name(svc: &k8s_openapi::api::core::v1::Service) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn classic_elb_lifecycle() -> anyhow::Result<()> {
-    let (world, mut cluster, _) = cluster("eu-west-1").await?;
+    let (world, mut cluster, _, _) = cluster("eu-west-1").await?;
     cluster.create_service("web", json!({"service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags": "team=shop"}), &[80, 443]).await?;
     let (svc, host) = wait_ingress(&cluster, "web").await?;
     let name = lb_name(&svc);
@@ -273,7 +322,7 @@ async fn classic_elb_lifecycle() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_load_balancer_lifecycle() -> anyhow::Result<()> {
-    let (world, mut cluster, _) = cluster("eu-central-1").await?;
+    let (world, mut cluster, _, _) = cluster("eu-central-1").await?;
     cluster
         .create_service(
             "api",
@@ -309,22 +358,7 @@ async fn network_load_balancer_lifecycle() -> anyhow::Result<()> {
         .collect();
     ports.sort();
     assert_eq!(ports, vec![80, 443]);
-    let tgs = world
-        .elbv2
-        .describe_target_groups()
-        .load_balancer_arn(&arn)
-        .send()
-        .await?;
-    assert_eq!(tgs.target_groups().len(), 2);
-    for tg in tgs.target_groups() {
-        let h = world
-            .elbv2
-            .describe_target_health()
-            .target_group_arn(tg.target_group_arn().unwrap_or_default())
-            .send()
-            .await?;
-        assert_eq!(h.target_health_descriptions().len(), NODES);
-    }
+    assert_eq!(target_counts(&world, &arn).await?, vec![NODES; 2]);
     let attrs = world
         .elbv2
         .describe_load_balancer_attributes()
@@ -350,9 +384,11 @@ async fn network_load_balancer_lifecycle() -> anyhow::Result<()> {
         2,
         "{rules:?}"
     );
+    // Health checks go to the traffic ports, which the client rules (0.0.0.0/0) open to the
+    // VPC already: no health rules (upstream would add two more).
     assert_eq!(
         described(&format!("kubernetes.io/rule/nlb/health={name}")),
-        2,
+        0,
         "{rules:?}"
     );
 
@@ -366,22 +402,7 @@ async fn network_load_balancer_lifecycle() -> anyhow::Result<()> {
         "the new node in both target groups",
         Duration::from_secs(60),
         || async {
-            let tgs = world
-                .elbv2
-                .describe_target_groups()
-                .load_balancer_arn(&arn)
-                .send()
-                .await?;
-            let mut counts = Vec::new();
-            for tg in tgs.target_groups() {
-                let h = world
-                    .elbv2
-                    .describe_target_health()
-                    .target_group_arn(tg.target_group_arn().unwrap_or_default())
-                    .send()
-                    .await?;
-                counts.push(h.target_health_descriptions().len());
-            }
+            let counts = target_counts(&world, &arn).await?;
             Ok(if counts == vec![NODES + 1; 2] {
                 Ok(())
             } else {
@@ -432,22 +453,11 @@ async fn network_load_balancer_lifecycle() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_cluster_costs_only_the_batched_address_refresh() -> anyhow::Result<()> {
-    // A moto of its own: its call recorder must see this cluster's calls only.
+    // A moto of its own: its call recorder must see this cluster's calls only. A short
+    // refresh period stands in for upstream's 5 minutes.
     let moto = Moto::start();
-    let world = AwsWorld::create(&moto, "us-east-1").await?;
-    let mut instances = world.run_instances(2, 0).await?;
-    instances.extend(world.run_instances(2, 1).await?);
-    let mut cluster = Cluster::start().await?;
-    // A short refresh period stands in for upstream's 5 minutes.
-    cluster
-        .start_ccm(
-            world.provider().await,
-            &["--node-status-update-frequency=2s"],
-        )
-        .await?;
-    for (i, (_, dns)) in instances.iter().enumerate() {
-        cluster.add_node(dns, &pod_cidr(i)).await?;
-    }
+    let flags = ["--node-status-update-frequency=2s"];
+    let (world, mut cluster, instances, _) = cluster_on(&moto, "us-east-1", 4, &flags).await?;
     cluster.create_service("web", json!({}), &[80]).await?;
     let nlb = json!({"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"});
     cluster.create_service("api", nlb, &[80]).await?;
@@ -474,5 +484,121 @@ async fn an_idle_cluster_costs_only_the_batched_address_refresh() -> anyhow::Res
     );
     // One call per refresh for all 4 nodes (8 s / 2 s, plus one in flight at either edge).
     assert!((1..=5).contains(&describes), "{calls:?}");
+    cluster.stop_ccm().await
+}
+
+/// Load balancers in the fifty-LB test, every second one an NLB.
+const MANY_LBS: usize = 50;
+
+/// Each LB's backends: instances of a Classic ELB, or targets of each NLB target group.
+async fn backends(world: &AwsWorld) -> anyhow::Result<Vec<usize>> {
+    let mut out: Vec<usize> = world
+        .elb
+        .describe_load_balancers()
+        .send()
+        .await?
+        .load_balancer_descriptions()
+        .iter()
+        .map(|l| l.instances().len())
+        .collect();
+    for lb in world
+        .elbv2
+        .describe_load_balancers()
+        .send()
+        .await?
+        .load_balancers()
+    {
+        out.extend(target_counts(world, lb.load_balancer_arn().unwrap_or_default()).await?);
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_load_balancers_half_nlb_fit_one_node_group_and_take_a_joining_node()
+-> anyhow::Result<()> {
+    // AWS (and moto) allow 60 inbound rules per security group; every LB here needs the same
+    // node group: 25 CLB group rules + 25 NLB client rules. Upstream's extra health rule per
+    // NLB would make 75 and fail.
+    let (world, mut cluster, _, aws) = cluster_on(Moto::shared(), "ap-south-1", 2, &[]).await?;
+    for i in 0..MANY_LBS {
+        let ann = if i % 2 == 1 {
+            json!({"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"})
+        } else {
+            json!({})
+        };
+        cluster
+            .create_service(&format!("svc-{i}"), ann, &[80])
+            .await?;
+    }
+    wait_for(
+        "every LB with both nodes",
+        Duration::from_secs(240),
+        || async {
+            let b = backends(&world).await?;
+            let full = b.iter().filter(|n| **n == 2).count();
+            Ok(if full == MANY_LBS {
+                Ok(())
+            } else {
+                Err(format!("{full}/{MANY_LBS}: {b:?}"))
+            })
+        },
+    )
+    .await?;
+    for i in 0..MANY_LBS {
+        let name = format!("svc-{i}");
+        let svc = cluster
+            .service(&name)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("{name} gone"))?;
+        assert!(ingress_host(&svc).is_some(), "{name} has no ingress");
+    }
+    // As AWS counts them: each source (CIDR or group) of each permission is a rule.
+    let rules: usize = node_rules(&world)
+        .await?
+        .iter()
+        .map(|p| p.ip_ranges().len() + p.ipv6_ranges().len() + p.user_id_group_pairs().len())
+        .sum();
+    assert_eq!(rules, MANY_LBS);
+
+    // A node joins a quiet cluster: it becomes a backend of all 50, found by one lookup and
+    // reaching every LB with its describe and register calls, no security-group writes.
+    let before = aws.metrics().snapshot();
+    let joined = world.run_instances(1, 0).await?;
+    cluster.add_node(&joined[0].1, &pod_cidr(2)).await?;
+    wait_for(
+        "every LB with the new node",
+        Duration::from_secs(120),
+        || async {
+            let b = backends(&world).await?;
+            let full = b.iter().filter(|n| **n == 3).count();
+            Ok(if full == MANY_LBS {
+                Ok(())
+            } else {
+                Err(format!("{full}/{MANY_LBS}: {b:?}"))
+            })
+        },
+    )
+    .await?;
+    // The route and any lagging update settle.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = aws.metrics().snapshot();
+    let join: std::collections::BTreeMap<&str, u64> = after
+        .iter()
+        .map(|(k, v)| (k.as_str(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, v)| *v > 0)
+        .collect();
+    let total: u64 = join.values().sum();
+    eprintln!("node join with {MANY_LBS} LBs (half NLB): {total} AWS calls {join:?}");
+    let n = |a: &str| join.get(a).copied().unwrap_or(0);
+    assert!(n("DescribeInstances") <= 1, "{join:?}");
+    // Each LB is read and written once, though the controller may update each twice (the
+    // Node's arrival, then its providerID: the same instance).
+    assert!(n("DescribeLoadBalancers") <= MANY_LBS as u64, "{join:?}");
+    assert_eq!(n("RegisterInstancesWithLoadBalancer"), MANY_LBS as u64 / 2);
+    assert_eq!(n("RegisterTargets"), MANY_LBS as u64 / 2);
+    assert!(
+        !join.keys().any(|k| k.contains("SecurityGroup")),
+        "a join changes no security group: {join:?}"
+    );
     cluster.stop_ccm().await
 }

@@ -14,6 +14,8 @@ use std::time::Duration;
 pub struct Moto {
     child: Child,
     _stdin: ChildStdin,
+    /// Its working directory (the recorder's file).
+    dir: PathBuf,
     /// `http://127.0.0.1:<port>`.
     pub url: String,
 }
@@ -47,10 +49,15 @@ impl Moto {
     /// Starts a server of its own (for tests that read moto's call recorder).
     pub fn start() -> Moto {
         let python = moto_python();
+        // The recorder writes `moto_recording` into the working directory: one of its own, so
+        // servers running at the same time (other test binaries, a measurement) don't share it.
+        static SERVERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ccm-moto-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("moto working directory");
         let mut child = Command::new(&python)
             .args(["-c", WRAPPER])
-            // The recorder writes `moto_recording` into the working directory.
-            .current_dir(std::env::temp_dir())
+            .current_dir(&dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -76,6 +83,7 @@ impl Moto {
         Moto {
             child,
             _stdin: stdin,
+            dir,
             url: format!("http://127.0.0.1:{port}"),
         }
     }
@@ -144,6 +152,7 @@ impl Drop for Moto {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
