@@ -58,6 +58,8 @@ pub(crate) struct Memory {
     pub by_name: HashMap<String, crate::instances::Seen>,
     /// LB name → the instances its last successful ensure or update made its backends.
     pub lb_backends: HashMap<String, std::collections::BTreeSet<String>>,
+    /// NLB name → its VPC and target groups, as the last ensure or update found them.
+    pub nlbs: HashMap<String, crate::nlb::NlbTargets>,
     /// (node security group, LB security group) pairs known to have the allow rule.
     pub sg_rules: std::collections::HashSet<(String, String)>,
 }
