@@ -70,6 +70,8 @@ pub(crate) struct Inner {
     pub pending: Mutex<crate::instances::Pending>,
     /// Held while a coalesced lookup is in flight.
     pub flight: tokio::sync::Mutex<()>,
+    /// Held while zone ids are asked for.
+    pub zone_flight: tokio::sync::Mutex<()>,
     sdk: Option<SdkConfig>,
     clients: OnceCell<Clients>,
     pub metrics: AwsMetrics,
@@ -116,6 +118,7 @@ impl AwsCloud {
                 cfg,
                 pending: Mutex::default(),
                 flight: tokio::sync::Mutex::new(()),
+                zone_flight: tokio::sync::Mutex::new(()),
                 sdk,
                 clients: OnceCell::new(),
                 metrics: AwsMetrics::default(),

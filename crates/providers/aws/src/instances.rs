@@ -510,13 +510,21 @@ impl AwsCloud {
     /// Zone ids for the zones of `insts` that the instances themselves do not carry: one
     /// `DescribeAvailabilityZones` the first time, remembered after.
     async fn zone_ids(&self, insts: &[&Instance]) -> CloudResult<HashMap<String, String>> {
-        let missing = insts.iter().any(|i| {
-            i.placement()
-                .and_then(|p| p.availability_zone_id())
-                .is_none()
-                && !self.inner.memory.lock().zone_ids.contains_key(zone_of(i))
-        });
-        if missing {
+        let missing = || {
+            insts.iter().any(|i| {
+                i.placement()
+                    .and_then(|p| p.availability_zone_id())
+                    .is_none()
+                    && !self.inner.memory.lock().zone_ids.contains_key(zone_of(i))
+            })
+        };
+        // One call for lookups that find the zone ids missing together (a burst's batches).
+        let _one = if missing() {
+            Some(self.inner.zone_flight.lock().await)
+        } else {
+            None
+        };
+        if missing() {
             let ec2 = self.clients().await?.ec2.clone();
             let out = self
                 .call(
