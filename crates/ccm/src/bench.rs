@@ -54,6 +54,24 @@ pub enum Scenario {
     Scale,
 }
 
+/// How the CCM under test reconciles routes in the idle scenario (`--idle-route-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RouteMode {
+    /// Watch-based route reconciliation (the default of ccm-rs).
+    Watch,
+    /// A route sync every `--route-reconciliation-period` (upstream's default).
+    Interval,
+}
+
+impl RouteMode {
+    fn name_and_gate(self) -> (&'static str, &'static str) {
+        match self {
+            RouteMode::Watch => ("watch", "true"),
+            RouteMode::Interval => ("interval", "false"),
+        }
+    }
+}
+
 /// What kube-sim's requests cost (`--api-cost`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -92,9 +110,12 @@ pub struct BenchOptions {
     /// Fraction of cloud calls that fail (churn uses at least 0.1).
     #[arg(long, default_value_t = 0.0)]
     pub fault_rate: f64,
-    /// Quiet window of the idle scenario, per route mode.
+    /// Quiet window of the idle scenario, per route mode (`1h`: the soak).
     #[arg(long, default_value = "120s")]
     pub idle_window: GoDuration,
+    /// Route modes of the idle scenario (repeatable; default: watch, then interval).
+    #[arg(long = "idle-route-mode", value_enum)]
+    pub idle_route_modes: Vec<RouteMode>,
     /// How long the churn scenario changes things.
     #[arg(long, default_value = "60s")]
     pub churn_duration: GoDuration,
@@ -129,7 +150,8 @@ pub struct BenchOptions {
     /// Run against this API server instead of an in-process kube-sim (no request accounting).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
-    /// The ccm binary to test (default: this one).
+    /// The CCM binary to test (default: `ccm-controller-manager` beside this binary, the one
+    /// the image runs; this binary when that is missing).
     #[arg(long)]
     pub ccm_bin: Option<PathBuf>,
     /// Extra flag for the CCM under test (repeatable), e.g. --ccm-arg=--kube-api-qps=20.
@@ -276,6 +298,11 @@ pub struct IdleResult {
     pub rss_max_mb: f64,
     /// CCM CPU seconds spent during the window.
     pub cpu_seconds: f64,
+    /// Seconds waited after the setup until the CCM's API requests (Events of the setup,
+    /// mostly) stopped, before the window started (null against another API server).
+    pub drain_seconds: Option<f64>,
+    /// RSS every 10 s of the window: (seconds into it, RSS MB, anonymous MB).
+    pub rss_timeline: Vec<(f64, f64, f64)>,
     /// Cumulative cloud calls sampled each second (for the chart).
     #[serde(skip)]
     pub timeline: Vec<(f64, u64)>,
@@ -320,6 +347,25 @@ fn status_kb(status: &str, field: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The binary an operator runs: `ccm-controller-manager` beside this one (the image's binary:
+/// the CCM without the tools, so its code pages are what production maps). A `cargo run` of
+/// `ccm` alone may not have built it; then this binary's `ccm run` is measured, with a warning,
+/// because its resident set includes the tools' code.
+fn ccm_under_test() -> anyhow::Result<PathBuf> {
+    let me = std::env::current_exe().context("locating the ccm binary")?;
+    let slim = me.with_file_name("ccm-controller-manager");
+    if slim.is_file() {
+        return Ok(slim);
+    }
+    eprintln!(
+        "bench: {} not found (build it: cargo build --release -p ccm); measuring `{} run`, \
+         whose RSS includes the code of the tools",
+        slim.display(),
+        me.display()
+    );
+    Ok(me)
+}
+
 fn free_port() -> anyhow::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
@@ -357,7 +403,7 @@ impl Env {
         let cert_dir = dir.join(format!("bench-certs-{}", rand::random::<u32>()));
         let bin = match &opts.ccm_bin {
             Some(b) => b.clone(),
-            None => std::env::current_exe().context("locating the ccm binary")?,
+            None => ccm_under_test()?,
         };
         let log_path = opts.ccm_log.clone().unwrap_or_else(|| dir.join("ccm.log"));
         let log = std::fs::OpenOptions::new()
@@ -807,7 +853,11 @@ async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
         converged: true,
         ..Default::default()
     };
-    for (mode, gate) in [("watch", "true"), ("interval", "false")] {
+    let mut modes = opts.idle_route_modes.clone();
+    if modes.is_empty() {
+        modes = vec![RouteMode::Watch, RouteMode::Interval];
+    }
+    for (mode, gate) in modes.into_iter().map(RouteMode::name_and_gate) {
         let pb = spinner(&format!(
             "idle ({mode} routes): {} nodes, then a {} quiet window",
             opts.nodes, opts.idle_window
@@ -834,6 +884,7 @@ async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
         .await?;
         // Let trailing work (events, the last sync) finish before the window starts.
         tokio::time::sleep(Duration::from_secs(2)).await;
+        let drain_seconds = drain_requests(&env, opts.timeout.0).await;
         env.cluster.cloud.reset_calls();
         if let Some(k) = &env.cluster.kube {
             k.reset_requests();
@@ -844,13 +895,22 @@ async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
         let t0 = Instant::now();
         let mut timeline = Vec::new();
         let mut rss_max = at_start.rss_mb;
+        let mut rss_timeline = Vec::new();
+        let mut next_rss_sample = Duration::ZERO;
         while t0.elapsed() < window {
-            timeline.push((t0.elapsed().as_secs_f64(), env.cluster.cloud.total_calls()));
-            rss_max = rss_max.max(env.usage().rss_mb);
+            let (at, usage) = (t0.elapsed(), env.usage());
+            timeline.push((at.as_secs_f64(), env.cluster.cloud.total_calls()));
+            rss_max = rss_max.max(usage.rss_mb);
+            if at >= next_rss_sample {
+                rss_timeline.push((at.as_secs_f64(), usage.rss_mb, usage.rss_anon_mb));
+                next_rss_sample += Duration::from_secs(10);
+            }
             tokio::time::sleep(Duration::from_secs(1).min(window)).await;
         }
         let secs = t0.elapsed().as_secs_f64();
         timeline.push((secs, env.cluster.cloud.total_calls()));
+        let at_end = env.usage();
+        rss_timeline.push((secs, at_end.rss_mb, at_end.rss_anon_mb));
         let per_hour = |n: u64| n as f64 * 3600.0 / secs;
         let requests = env.cluster.ccm_requests();
         let lease: u64 = requests
@@ -876,9 +936,11 @@ async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
             route_syncs: syncs,
             timeline,
             rss_start_mb: at_start.rss_mb,
-            rss_end_mb: env.usage().rss_mb,
+            rss_end_mb: at_end.rss_mb,
             rss_max_mb: rss_max,
-            cpu_seconds: env.usage().cpu_seconds - at_start.cpu_seconds,
+            cpu_seconds: at_end.cpu_seconds - at_start.cpu_seconds,
+            drain_seconds,
+            rss_timeline,
         });
         r.usage = env.usage();
         env.stop().await;
@@ -886,6 +948,30 @@ async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     }
     r.wall_seconds = started.elapsed().as_secs_f64();
     Ok(r)
+}
+
+/// Waits until the CCM has made no API request but leader election's for 10 s (the setup's
+/// Events drain through their client's rate limit for a while), so an idle window measures
+/// rest, not the tail of the setup. Seconds waited; `None` without kube-sim's counters.
+async fn drain_requests(env: &Env, timeout: Duration) -> Option<f64> {
+    env.cluster.kube.as_ref()?;
+    let non_lease = || -> u64 {
+        env.cluster
+            .ccm_requests()
+            .iter()
+            .filter(|(k, _)| !k.contains("leases"))
+            .map(|(_, v)| v)
+            .sum()
+    };
+    let (started, mut last, mut quiet_since) = (Instant::now(), non_lease(), Instant::now());
+    while quiet_since.elapsed() < Duration::from_secs(10) && started.elapsed() < timeout {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = non_lease();
+        if now != last {
+            (last, quiet_since) = (now, Instant::now());
+        }
+    }
+    Some(started.elapsed().as_secs_f64())
 }
 
 async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
@@ -1231,7 +1317,7 @@ fn print_table(results: &[ScenarioResult]) {
         }
         for i in &r.idle {
             println!(
-                "  idle [{:<8}] cloud calls/h {:>8.1}  API requests/h {:>8.1} (+{:.0} lease)  route syncs {}  RSS {:.1} → {:.1} MB (max {:.1}) over {:.0}s, CPU {:.2}s",
+                "  idle [{:<8}] cloud calls/h {:>8.1}  API requests/h {:>8.1} (+{:.0} lease)  route syncs {}  RSS {:.1} → {:.1} MB (max {:.1}) over {:.0}s, CPU {:.2}s{}",
                 i.route_mode,
                 i.cloud_calls_per_hour,
                 i.api_requests_per_hour,
@@ -1241,7 +1327,10 @@ fn print_table(results: &[ScenarioResult]) {
                 i.rss_end_mb,
                 i.rss_max_mb,
                 i.window_seconds,
-                i.cpu_seconds
+                i.cpu_seconds,
+                i.drain_seconds
+                    .map(|d| format!(" (started after {d:.0}s of setup requests draining)"))
+                    .unwrap_or_default()
             );
         }
         if let Some(lag) = r.churn_convergence_lag_seconds {
@@ -1326,6 +1415,10 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<std::process::ExitCode> {
             "schema": 1,
             "cloud_latency_ms": opts.cloud_latency.0.as_millis() as u64,
             "machine": machine(),
+            "ccm_under_test": match &opts.ccm_bin {
+                Some(b) => b.clone(),
+                None => ccm_under_test()?,
+            },
             "scenarios": results,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)
@@ -1340,6 +1433,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<std::process::ExitCode> {
         )?;
         if let Some(idle) = results.iter().find(|r| r.scenario == "idle") {
             crate::plot::idle(&dir.join("idle-cloud-calls.svg"), &idle.idle)?;
+            crate::plot::idle_rss(&dir.join("idle-rss.svg"), &idle.idle)?;
         }
     }
     Ok(if results.iter().all(|r| r.converged) {

@@ -16,6 +16,7 @@ mod demo;
 mod doctor;
 mod manifests;
 mod plot;
+mod providers;
 
 /// ccm-rs: a Kubernetes cloud-controller-manager, event-driven and batched.
 #[derive(Debug, Parser)]
@@ -55,17 +56,6 @@ enum Command {
     Doctor(doctor::DoctorOptions),
 }
 
-/// Providers compiled into this binary. Provider crates register here, one line each.
-fn providers() -> ccm_cloud::ProviderRegistry {
-    let mut registry = ccm_cloud::ProviderRegistry::new();
-    // Invariant: each name is registered once, so registering cannot collide.
-    ccm_provider_sim::register(&mut registry).expect("fresh registry");
-    #[cfg(feature = "aws")]
-    ccm_provider_aws::register(&mut registry).expect("fresh registry");
-    ccm_provider_metal::register(&mut registry).expect("fresh registry");
-    registry
-}
-
 /// Installed as `kubectl-ccm` (a link to `ccm`), the binary is a kubectl plugin:
 /// `kubectl ccm doctor` runs `kubectl-ccm doctor`, which behaves as `ccm doctor`.
 fn parse_cli() -> Cli {
@@ -88,8 +78,8 @@ fn main() -> ExitCode {
     let cli = parse_cli();
     ccm_manager::app::block_on(async move {
         match cli.command {
-            Some(Command::Run(opts)) => ccm_manager::app::run(*opts, &providers()).await,
-            None => ccm_manager::app::run(cli.run, &providers()).await,
+            Some(Command::Run(opts)) => ccm_manager::app::run(*opts, &providers::providers()).await,
+            None => ccm_manager::app::run(cli.run, &providers::providers()).await,
             Some(Command::Demo(opts)) => {
                 logging::quiet();
                 demo::run(opts).await

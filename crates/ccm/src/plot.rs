@@ -100,3 +100,47 @@ pub fn idle(path: &Path, modes: &[IdleResult]) -> anyhow::Result<()> {
     root.present().map_err(err)?;
     Ok(())
 }
+
+/// The CCM's RSS over the idle window (the soak's curve), one line per route mode: flat is
+/// the goal.
+pub fn idle_rss(path: &Path, modes: &[IdleResult]) -> anyhow::Result<()> {
+    let samples = || modes.iter().flat_map(|m| m.rss_timeline.iter());
+    if samples().next().is_none() {
+        return Ok(());
+    }
+    let root = SVGBackend::new(path, (800, 450)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let t_max = samples().map(|s| s.0).fold(1.0f64, f64::max);
+    let y_max = samples().map(|s| s.1).fold(1.0f64, f64::max);
+    let mut chart = ChartBuilder::on(&root)
+        .caption("idle cluster: CCM resident memory", ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..t_max, 0f64..y_max * 1.1)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds into the idle window")
+        .y_desc("RSS, MB")
+        .draw()
+        .map_err(err)?;
+    for (i, m) in modes.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                m.rss_timeline.iter().map(|s| (s.0, s.1)),
+                color,
+            ))
+            .map_err(err)?
+            .label(format!("routes: {} mode", m.route_mode))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}

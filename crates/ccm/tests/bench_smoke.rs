@@ -74,12 +74,22 @@ fn every_scenario_runs_small() {
     assert!(scale["api_requests_per_node"]["patch"].as_f64().is_some());
     let idle = scenarios[1]["idle"].as_array().expect("idle modes");
     assert_eq!(idle.len(), 2);
+    for mode in idle {
+        // The soak's window starts once the setup's requests have drained, and has its curve.
+        assert!(mode["drain_seconds"].as_f64().is_some(), "{mode}");
+        let curve = mode["rss_timeline"].as_array().expect("rss_timeline");
+        assert!(curve.len() >= 2, "{mode}");
+    }
+    // The process measured is the one the image runs, not the tools binary.
+    let measured = doc["ccm_under_test"].as_str().expect("ccm_under_test");
+    assert!(measured.ends_with("/ccm-controller-manager"), "{measured}");
     let churn = &scenarios[3];
     assert_eq!(churn["leaked_load_balancers"], 0);
     assert_eq!(churn["missing_load_balancers"], 0);
     assert_eq!(churn["leaked_routes"], 0);
     assert!(plots.join("burst-initialized.svg").exists());
     assert!(plots.join("idle-cloud-calls.svg").exists());
+    assert!(plots.join("idle-rss.svg").exists());
 }
 
 /// The calibrated cost model end to end: a small burst converges and is labelled.

@@ -1,6 +1,7 @@
 //! The container image recipe (deploy/image) builds with Debian's buildah in this sandbox
-//! (`--isolation chroot --storage-driver vfs`, no daemon) and the image runs `ccm --version`
-//! as its non-root user from its own filesystem.
+//! (`--isolation chroot --storage-driver vfs`, no daemon) from the `ccm-controller-manager`
+//! binary (the CCM without the tools) and the image runs `ccm --version` as its non-root user
+//! from its own filesystem.
 //!
 //! Fails (never skips) when buildah is missing: `.ci/setup.d/50-deploy.sh` installs it.
 
@@ -67,7 +68,7 @@ fn the_image_builds_and_runs_ccm_version_as_non_root() {
     let rootfs = tmp.join("rootfs");
     let ws = workspace();
     let prep = Command::new(ws.join("deploy/image/prepare-rootfs.sh"))
-        .arg(env!("CARGO_BIN_EXE_ccm"))
+        .arg(env!("CARGO_BIN_EXE_ccm-controller-manager"))
         .arg(&rootfs)
         .output()
         .expect("prepare-rootfs.sh");

@@ -267,15 +267,22 @@ where
     }
 }
 
-/// Drops the parts of a Node no controller reads: `managedFields` and the image list (often
-/// the largest part of a Node), so 5,000 cached Nodes stay small.
+/// Drops the parts of a Node no controller reads, so 5,000 cached Nodes stay small:
+/// `managedFields` and, of the status, everything but addresses and conditions (the image
+/// list, capacity, allocatable, system info, attached volumes, daemon endpoints…), which is
+/// most of a kubelet's Node. The controllers read metadata, spec, addresses and conditions
+/// only; they write with patches, so the dropped fields are never written back.
 pub fn trim_node(node: &mut k8s_openapi::api::core::v1::Node) {
     node.metadata.managed_fields = None;
     if let Some(annotations) = node.metadata.annotations.as_mut() {
         annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
-    if let Some(status) = node.status.as_mut() {
-        status.images = None;
+    if let Some(status) = node.status.take() {
+        node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            addresses: status.addresses,
+            conditions: status.conditions,
+            ..Default::default()
+        });
     }
 }
 
@@ -290,4 +297,80 @@ pub fn trim_service(svc: &mut k8s_openapi::api::core::v1::Service) {
 /// The name of an object, empty if unset.
 pub fn name_of<K: Resource>(obj: &K) -> String {
     obj.name_any()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Node;
+
+    /// A Node as a kubelet registers it on a real cluster (abridged from `kubectl get node -o
+    /// json`): the parts no controller reads are most of it.
+    fn kubelet_node() -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "n1", "resourceVersion": "7", "uid": "u1",
+                "labels": {"kubernetes.io/hostname": "n1", "node.kubernetes.io/exclude-from-external-load-balancers": "true"},
+                "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kubectl.kubernetes.io/last-applied-configuration": "{}"},
+                "managedFields": [{"manager": "kubelet", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:images": {}}}}],
+            },
+            "spec": {"podCIDR": "10.0.1.0/24", "podCIDRs": ["10.0.1.0/24"], "providerID": "sim://n1",
+                     "taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"}]},
+            "status": {
+                "addresses": [{"type": "InternalIP", "address": "10.1.0.1"}, {"type": "Hostname", "address": "n1"}],
+                "conditions": [{"type": "Ready", "status": "True"}, {"type": "NetworkUnavailable", "status": "True"}],
+                "capacity": {"cpu": "4", "memory": "16Gi", "pods": "110"},
+                "allocatable": {"cpu": "3800m", "memory": "15Gi", "pods": "110"},
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+                "nodeInfo": {"machineID": "m", "systemUUID": "s", "bootID": "b", "kernelVersion": "6.1", "osImage": "Debian",
+                             "containerRuntimeVersion": "containerd://2.0", "kubeletVersion": "v1.36.0", "kubeProxyVersion": "",
+                             "operatingSystem": "linux", "architecture": "amd64"},
+                "images": [{"names": ["registry.k8s.io/pause:3.10"], "sizeBytes": 320000}],
+                "volumesInUse": ["kubernetes.io/csi/ebs^vol-1"],
+                "volumesAttached": [{"name": "kubernetes.io/csi/ebs^vol-1", "devicePath": ""}],
+                "runtimeHandlers": [{"name": "runc", "features": {"recursiveReadOnlyMounts": true}}],
+                "features": {"supplementalGroupsPolicy": true},
+                "declaredFeatures": ["InPlacePodVerticalScaling"],
+            },
+        }))
+        .expect("node json")
+    }
+
+    #[test]
+    fn the_node_cache_keeps_what_controllers_read_and_drops_the_rest() {
+        let cache: Informer<Node> = Informer::with_transform(trim_node);
+        cache.apply(kubelet_node());
+        let node = cache.get("n1").expect("cached");
+        // Kept: what the controllers read.
+        assert_eq!(node.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(node.metadata.uid.as_deref(), Some("u1"));
+        assert_eq!(node.metadata.labels.as_ref().map(|l| l.len()), Some(2));
+        assert!(
+            node.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("node.alpha.kubernetes.io/ttl"))
+        );
+        let spec = node.spec.as_ref().expect("spec");
+        assert_eq!(spec.provider_id.as_deref(), Some("sim://n1"));
+        assert_eq!(spec.pod_cidrs.as_ref().map(Vec::len), Some(1));
+        assert_eq!(spec.taints.as_ref().map(Vec::len), Some(1));
+        let status = node.status.as_ref().expect("status");
+        assert_eq!(status.addresses.as_ref().map(Vec::len), Some(2));
+        assert_eq!(status.conditions.as_ref().map(Vec::len), Some(2));
+        // Dropped: managedFields, kubectl's copy, and the status no controller reads.
+        assert!(node.metadata.managed_fields.is_none());
+        assert!(
+            node.metadata.annotations.as_ref().is_some_and(
+                |a| !a.contains_key("kubectl.kubernetes.io/last-applied-configuration")
+            )
+        );
+        let status = serde_json::to_value(status).expect("serialize");
+        let kept: Vec<&String> = status.as_object().expect("object").keys().collect();
+        assert_eq!(
+            kept,
+            ["addresses", "conditions"],
+            "status fields kept in the cache"
+        );
+    }
 }
