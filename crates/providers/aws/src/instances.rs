@@ -29,8 +29,8 @@ pub const LABEL_ZONE_ID: &str = "topology.k8s.aws/zone-id";
 const NOT_FOUND: &str = "InvalidInstanceID.NotFound";
 /// How long an instance found by name answers further lookups of that name. A burst asks for
 /// the same new Nodes from several controllers (cloud-node, route, service) over some seconds;
-/// one answer — a 150-name filter or a listing of the VPC — serves all of them. Upstream caches
-/// all instances for its route listing for the same 20 s.
+/// one answer — a 150-name filter or a listing of the VPC — serves all of them. (Upstream
+/// asks EC2 by name for each Node's metadata and again for each route.)
 pub(crate) const BY_NAME_TTL: Duration = Duration::from_secs(20);
 /// Instance states a Node can belong to (upstream's `aliveFilter`: not terminated).
 const ALIVE: [&str; 5] = ["pending", "running", "shutting-down", "stopping", "stopped"];
