@@ -533,9 +533,9 @@ async fn compare_route_modes(opts: &DemoOptions) -> anyhow::Result<std::process:
         if !converge(&cluster, n, 0, opts.timeout.0, None).await? {
             anyhow::bail!("{label}: cluster did not converge");
         }
-        // Let the last coalesced sync of the join burst land: the window measures a stable
-        // cluster.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Let the last coalesced sync of the join burst and its confirming listing (2 s after
+        // it) land: the window measures a stable cluster.
+        tokio::time::sleep(Duration::from_secs(3)).await;
         let before_idle = route.syncs().total();
         let calls_before = ccm.rt.cloud_metrics.count(ccm_cloud::op::LIST_ROUTES);
         tokio::time::sleep(window).await;

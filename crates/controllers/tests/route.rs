@@ -67,6 +67,11 @@ impl Env {
     /// A cloud instance and its Node, with pod CIDRs set at creation (one watch event).
     async fn add_node(&self, name: &str, pod_cidrs: &[&str]) {
         self.cloud.add_instance(InstanceSpec::new(name));
+        self.create_node(name, pod_cidrs).await;
+    }
+
+    /// The Node only (its instance already exists).
+    async fn create_node(&self, name: &str, pod_cidrs: &[&str]) {
         let node: Node = serde_json::from_value(json!({
             "metadata": {"name": name},
             "spec": {"podCIDRs": pod_cidrs, "providerID": format!("sim://{name}")},
@@ -124,6 +129,8 @@ fn config(mode: RouteMode) -> RouteConfig {
         reconciliation_period: PERIOD,
         min_sync_interval: PERIOD,
         resync_period: Duration::from_secs(3600),
+        // Tests that count syncs or ListRoutes calls see no confirmation unless they ask.
+        confirm_delay: Duration::from_secs(3600),
         retry_backoff: Backoff {
             base: Duration::from_millis(50),
             max: Duration::from_secs(1),
@@ -142,7 +149,14 @@ impl Running {
 
 /// A controller with its own Shared (fresh caches), as a new process would have.
 fn start(env: &Env, config: RouteConfig) -> Running {
+    start_with(env, config, false)
+}
+
+/// `start`, telling the controller whether a cloud-node controller folds the condition of
+/// Nodes it initializes into its own write.
+fn start_with(env: &Env, config: RouteConfig, node_folds: bool) -> Running {
     let shared = Shared::new(env.provider.clone(), CLUSTER);
+    shared.routed.set_node_folds(node_folds);
     let shutdown = CancellationToken::new();
     shared.start_informers(env.client.clone(), shutdown.clone());
     let mut registry = Registry::default();
@@ -198,8 +212,11 @@ async fn announcement(mode: RouteMode, window: Duration) -> (u64, u64, u64) {
     env.add_node("n4", &["10.244.4.0/24"]).await;
     wait_converged(&env, &run, &[("n4", "10.244.4.0/24")]).await;
     let s2 = run.syncs();
-    // Each sync lists routes exactly once.
-    assert_eq!(env.metrics.count(op::LIST_ROUTES), s2);
+    // Each sync lists routes exactly once, but for those planned from the known listing.
+    assert_eq!(
+        env.metrics.count(op::LIST_ROUTES) + run.handle.syncs_from_known(),
+        s2
+    );
     run.stop().await;
     env.kube.shutdown().await;
     (s0, s1 - s0, s2 - s1)
@@ -279,16 +296,180 @@ async fn burst_of_300_nodes_coalesces_without_waiting() {
         list_calls,
         env.metrics.count(op::CREATE_ROUTE)
     );
-    assert_eq!(list_calls, syncs.total(), "one ListRoutes per sync");
+    let from_known = run.handle.syncs_from_known();
+    assert!(
+        from_known >= 1,
+        "a burst of joins creates from the known listing"
+    );
+    assert_eq!(
+        list_calls + from_known,
+        syncs.total(),
+        "one ListRoutes per sync but for those planned from the known listing"
+    );
     assert_eq!(env.metrics.count(op::CREATE_ROUTE), 300, "no create twice");
-    // Coalesced by the queue: syncs run back to back and each lasts at least a list and a
-    // create round trip, so changes arriving meanwhile share the next sync.
-    let bound = 2 + (burst.as_millis() / (2 * CLOUD_LATENCY.as_millis())) as u64;
+    // Coalesced by the queue: syncs run back to back and each lasts at least a create round
+    // trip, so changes arriving meanwhile share the next sync.
+    let bound = 2 + (burst.as_millis() / CLOUD_LATENCY.as_millis()) as u64;
     assert!(
         syncs.total() - 1 <= bound,
         "{} syncs for a {burst:?} burst (bound {bound})",
         syncs.total() - 1
     );
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
+/// A node joining a quiet cluster: its route is created straight from the known listing, one
+/// cloud round trip (CreateRoute) and no ListRoutes before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_creates_its_route_without_listing() {
+    let env = Env::new(10).await;
+    let nodes = [("a", "10.244.1.0/24"), ("b", "10.244.2.0/24")];
+    for (n, c) in nodes {
+        env.add_node(n, &[c]).await;
+    }
+    let run = start(&env, config(RouteMode::Watch));
+    wait_converged(&env, &run, &nodes).await;
+    let lists = env.metrics.count(op::LIST_ROUTES);
+    let creates = env.metrics.count(op::CREATE_ROUTE);
+
+    env.add_node("c", &["10.244.3.0/24"]).await;
+    wait_converged(&env, &run, &[("c", "10.244.3.0/24")]).await;
+    assert_eq!(env.metrics.count(op::CREATE_ROUTE) - creates, 1);
+    assert_eq!(
+        env.metrics.count(op::LIST_ROUTES) - lists,
+        0,
+        "no ListRoutes for a join"
+    );
+    assert_eq!(run.handle.syncs_from_known(), 1);
+    let s = run.handle.syncs();
+    assert_eq!(
+        s.get(SyncTrigger::NodeChange, SyncOutcome::Changed),
+        1,
+        "{s:?}"
+    );
+    assert_eq!(env.routes().len(), 3);
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
+/// While the cloud-node controller folds the condition of Nodes it initializes, uninitialized
+/// Nodes routed by an earlier sync still lack it; that is no reason to list: a second joining
+/// Node is created from the known listing too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_awaiting_the_fold_are_created_without_listing() {
+    let env = Env::new(12).await;
+    let run = start_with(&env, config(RouteMode::Watch), true);
+    wait_for("startup sync", || async {
+        run.syncs() == 1 && run.handle.pending() == 0
+    })
+    .await;
+    let lists = env.metrics.count(op::LIST_ROUTES);
+    for (i, name) in ["a", "b"].into_iter().enumerate() {
+        let cidr = format!("10.244.{}.0/24", i + 1);
+        env.cloud.add_instance(InstanceSpec::new(name));
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "podCIDRs": [cidr],
+                "taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized",
+                    "value": "true", "effect": "NoSchedule"}],
+            },
+        }))
+        .expect("node");
+        env.nodes()
+            .create(&PostParams::default(), &node)
+            .await
+            .expect("create node");
+        wait_for("route created", || async {
+            env.has_route(name, &cidr) && run.handle.pending() == 0
+        })
+        .await;
+    }
+    assert_eq!(run.handle.syncs_from_known(), 2, "{:?}", run.handle.syncs());
+    assert_eq!(env.metrics.count(op::LIST_ROUTES), lists, "no ListRoutes");
+    // The condition of both is left to the cloud-node controller.
+    assert_eq!(env.condition_writes(), 0);
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
+/// The known listing goes stale when someone else changes the route table. A fast-path create
+/// the cloud refuses is confirmed by a listing in the same sync (no duplicate route, no Warning
+/// Event), and the confirming listing after a fast sync repairs a route deleted behind the
+/// controller's back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_known_listing_is_confirmed_by_listing() {
+    let env = Env::new(11).await;
+    let nodes = [("a", "10.244.1.0/24"), ("b", "10.244.2.0/24")];
+    for (n, c) in nodes {
+        env.add_node(n, &[c]).await;
+    }
+    let mut cfg = config(RouteMode::Watch);
+    cfg.confirm_delay = Duration::from_millis(300);
+    let run = start(&env, cfg);
+    wait_converged(&env, &run, &nodes).await;
+
+    // Someone else already created c's route: the create from the known listing is refused.
+    env.cloud.add_instance(InstanceSpec::new("c"));
+    env.cloud
+        .with_actor("someone-else")
+        .create_route(
+            CLUSTER,
+            "by-hand",
+            &Route {
+                target_node: "c".into(),
+                destination_cidr: "10.244.3.0/24".into(),
+                ..Route::default()
+            },
+        )
+        .await
+        .expect("route by hand");
+    let lists = env.metrics.count(op::LIST_ROUTES);
+    let creates = env.metrics.count(op::CREATE_ROUTE);
+    env.create_node("c", &["10.244.3.0/24"]).await;
+    wait_converged(&env, &run, &[("c", "10.244.3.0/24")]).await;
+    assert_eq!(
+        env.metrics.count(op::CREATE_ROUTE) - creates,
+        1,
+        "one refused create"
+    );
+    assert_eq!(
+        env.metrics.count(op::LIST_ROUTES) - lists,
+        1,
+        "then one listing"
+    );
+    assert_eq!(env.routes().len(), 3, "no duplicate route");
+    assert_eq!(run.handle.syncs_from_known(), 0);
+    let s = run.handle.syncs();
+    assert_eq!(s.by_outcome(SyncOutcome::Error), 0, "{s:?}");
+
+    // b's route vanishes behind the controller's back; d joins from the known listing, and
+    // the confirming listing shortly after re-creates b's route.
+    let resyncs = s.get(SyncTrigger::Resync, SyncOutcome::Changed);
+    assert!(env.cloud.delete_route_out_of_band(CLUSTER, "10.244.2.0/24"));
+    env.add_node("d", &["10.244.4.0/24"]).await;
+    wait_converged(&env, &run, &[("d", "10.244.4.0/24")]).await;
+    assert_eq!(run.handle.syncs_from_known(), 1);
+    wait_converged(&env, &run, &[("b", "10.244.2.0/24")]).await;
+    let s = run.handle.syncs();
+    assert_eq!(
+        s.get(SyncTrigger::Resync, SyncOutcome::Changed),
+        resyncs + 1,
+        "the confirmation re-created b's route: {s:?}"
+    );
+    assert_eq!(env.routes().len(), 4);
+
+    let events: Api<Event> = Api::namespaced(env.client.clone(), "default");
+    let warnings = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(REASON_FAILED_TO_CREATE_ROUTE))
+        .count();
+    assert_eq!(warnings, 0, "a stale listing is not the node's failure");
     run.stop().await;
     env.kube.shutdown().await;
 }
@@ -336,7 +517,10 @@ async fn a_throttling_cloud_paces_syncs() {
         syncs <= bound,
         "{syncs} syncs over {elapsed:?} (bound {bound})"
     );
-    assert_eq!(env.metrics.count(op::LIST_ROUTES), run.syncs());
+    assert_eq!(
+        env.metrics.count(op::LIST_ROUTES) + run.handle.syncs_from_known(),
+        run.syncs()
+    );
     run.stop().await;
     env.kube.shutdown().await;
 }
@@ -349,7 +533,9 @@ async fn failed_creates_are_retried_without_node_events() {
         run.syncs() == 1 && run.handle.pending() == 0
     })
     .await;
-    env.cloud.fail_next(op::CREATE_ROUTE, 2).expect("known op");
+    // The first failure is the fast path's (planned from the known listing): the same sync
+    // then lists and tries again, and fails again; the retry fails once more, then succeeds.
+    env.cloud.fail_next(op::CREATE_ROUTE, 3).expect("known op");
     env.add_node("flaky", &["10.244.7.0/24"]).await;
     wait_converged(&env, &run, &[("flaky", "10.244.7.0/24")]).await;
 
@@ -361,7 +547,12 @@ async fn failed_creates_are_retried_without_node_events() {
     );
     assert_eq!(s.get(SyncTrigger::Retry, SyncOutcome::Error), 1, "{s:?}");
     assert_eq!(s.get(SyncTrigger::Retry, SyncOutcome::Changed), 1, "{s:?}");
-    assert_eq!(env.metrics.count(op::CREATE_ROUTE), 3);
+    assert_eq!(env.metrics.count(op::CREATE_ROUTE), 4);
+    assert_eq!(
+        run.handle.syncs_from_known(),
+        0,
+        "the fast path's failure listed"
+    );
     // NoRouteCreated after the first failure, RouteCreated after the success: two writes (a
     // third only if the cache had not seen the first when the retry ran).
     let writes = env.condition_writes();
@@ -400,7 +591,7 @@ async fn failed_creates_are_retried_without_node_events() {
         "{text}"
     );
     assert!(
-        text.contains(r#"route_controller_route_operations_total{op="create",result="error"} 2"#),
+        text.contains(r#"route_controller_route_operations_total{op="create",result="error"} 3"#),
         "{text}"
     );
     run.stop().await;

@@ -107,21 +107,65 @@ type Running = common::Running<ServiceHandle>;
 
 /// A controller with its own Shared (fresh caches), as a new process would have.
 fn start(env: &Env, config: ServiceConfig) -> Running {
+    start_shared(env, config).0
+}
+
+/// `start`, also returning the controller's caches.
+fn start_shared(env: &Env, config: ServiceConfig) -> (Running, Shared) {
     let shared = Shared::new(env.provider.clone(), CLUSTER);
     let shutdown = CancellationToken::new();
     shared.start_informers(env.controller_client.clone(), shutdown.clone());
     let mut registry = Registry::default();
-    let controller =
-        ServiceController::new(shared, env.controller_client.clone(), config, &mut registry)
-            .expect("controller starts");
+    let controller = ServiceController::new(
+        shared.clone(),
+        env.controller_client.clone(),
+        config,
+        &mut registry,
+    )
+    .expect("controller starts");
     let handle = controller.handle();
     let task = tokio::spawn(controller.run(shutdown.clone()));
-    Running {
+    let running = Running {
         handle,
         shutdown,
         task,
         registry,
-    }
+    };
+    (running, shared)
+}
+
+/// The LB node list is reused between Services while the node cache is unchanged, and rebuilt
+/// once it changes: a Service ensured after a Node joined gets that Node even before any node
+/// sync has run (here none can: the node sync window is an hour).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_ensured_after_a_join_gets_the_new_node() {
+    let env = Env::new(41).await;
+    env.add_node("a", json!({})).await;
+    let mut cfg = config();
+    cfg.node_sync_window = Duration::from_secs(3600);
+    let (run, shared) = start_shared(&env, cfg);
+    let first = env
+        .services()
+        .create(&PostParams::default(), &lb_service("first", &[80]))
+        .await
+        .expect("create");
+    wait_for("first LB", || async { env.lb_of(&first).is_some() }).await;
+    assert_eq!(env.lb_of(&first).expect("lb").hosts, ["a"]);
+
+    env.add_node("b", json!({})).await;
+    wait_for("b in the controller's cache", || async {
+        shared.nodes.get("b").is_some()
+    })
+    .await;
+    let second = env
+        .services()
+        .create(&PostParams::default(), &lb_service("second", &[80]))
+        .await
+        .expect("create");
+    wait_for("second LB", || async { env.lb_of(&second).is_some() }).await;
+    assert_eq!(env.lb_of(&second).expect("lb").hosts, ["a", "b"]);
+    run.stop().await;
+    env.kube.shutdown().await;
 }
 
 fn lb_service(name: &str, ports: &[i32]) -> Service {

@@ -21,7 +21,10 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{RateLimitLayer, USER_AGENT_BASE, build_metered_client, load_config};
+use crate::client::{
+    MAX_IN_FLIGHT, NODE_INIT_IN_FLIGHT, RateLimitLayer, USER_AGENT_BASE, build_metered_client,
+    build_metered_client_in_flight, load_config,
+};
 use crate::client_metrics::RestClientMetrics;
 use crate::leader::{LeaderElectionConfig, LeaderElector, LeaderStatus};
 use crate::options::Validated;
@@ -316,7 +319,7 @@ async fn start_controllers(
     let token_dir = std::env::temp_dir().join(format!("ccm-rs-tokens-{}", std::process::id()));
     // Each controller gets its own client and so its own request budget, as upstream's
     // per-controller clientsets do.
-    let client_for = |account: &'static str, ua: &'static str| {
+    let client_for = |account: &'static str, ua: &'static str, in_flight: usize| {
         let admin = admin.clone();
         let base = base.clone();
         let limit = RateLimitLayer::new(o.kube_api_qps, o.kube_api_burst);
@@ -332,9 +335,9 @@ async fn start_controllers(
                     &admin, &base, account, &token_dir, shutdown,
                 )
                 .await?;
-                build_metered_client(cfg, &user_agent, &limit, &metrics)
+                build_metered_client_in_flight(cfg, &user_agent, &limit, &metrics, in_flight)
             } else {
-                build_metered_client(base, &user_agent, &limit, &metrics)
+                build_metered_client_in_flight(base, &user_agent, &limit, &metrics, in_flight)
             }
         }
     };
@@ -362,7 +365,12 @@ async fn start_controllers(
     // cloud-node
     let name = "cloud-node-controller";
     if v.controllers.enabled(name) {
-        let client = client_for("node-controller", "cloud-node-controller").await?;
+        let client = client_for(
+            "node-controller",
+            "cloud-node-controller",
+            NODE_INIT_IN_FLIGHT,
+        )
+        .await?;
         let cfg = CloudNodeConfig {
             node_status_update_frequency: o.node_status_update_frequency.0,
             concurrent_node_syncs: o.concurrent_node_syncs as usize,
@@ -386,7 +394,12 @@ async fn start_controllers(
     start_pause(o, tasks.len()).await;
     let name = "cloud-node-lifecycle-controller";
     if v.controllers.enabled(name) {
-        let client = client_for("node-controller", "cloud-node-lifecycle-controller").await?;
+        let client = client_for(
+            "node-controller",
+            "cloud-node-lifecycle-controller",
+            MAX_IN_FLIGHT,
+        )
+        .await?;
         let cfg = NodeLifecycleConfig {
             node_monitor_period: o.node_monitor_period.0,
             event_driven_resync_period: o.node_lifecycle_resync_period.0,
@@ -409,7 +422,7 @@ async fn start_controllers(
     start_pause(o, tasks.len()).await;
     let name = "node-route-controller";
     if v.controllers.enabled(name) {
-        let client = client_for("route-controller", "node-route-controller").await?;
+        let client = client_for("route-controller", "node-route-controller", MAX_IN_FLIGHT).await?;
         let watch = v
             .gates
             .get("CloudControllerManagerWatchBasedRoutesReconciliation")
@@ -445,7 +458,8 @@ async fn start_controllers(
     start_pause(o, tasks.len()).await;
     let name = "service-lb-controller";
     if v.controllers.enabled(name) {
-        let client = client_for("service-controller", "service-lb-controller").await?;
+        let client =
+            client_for("service-controller", "service-lb-controller", MAX_IN_FLIGHT).await?;
         let drift = o.service_drift_check_period.0;
         let cfg = ServiceConfig {
             concurrent_service_syncs: o.concurrent_service_syncs as usize,

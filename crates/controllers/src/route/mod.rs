@@ -3,7 +3,14 @@
 //!
 //! Every sync is a full reconcile — one `ListRoutes`, the [`planner`]'s creates and deletes
 //! (at most [`RouteConfig::max_concurrent_route_ops`] in flight), then condition patches only
-//! where they change something. What differs is *when* a sync runs ([`RouteMode`]):
+//! where they change something — with one fast path: a watch-mode sync for a node change that
+//! only has routes to *create* plans against the last known listing (the last `ListRoutes`
+//! plus this controller's own creates and deletes since), so a node joining a quiet cluster is
+//! routed after one cloud round trip instead of two. Anything else lists: deletes (blackholes,
+//! deleted nodes, address changes), the startup and safety resyncs, retries, interval mode, and
+//! a fast-path create the cloud refuses (the listing was stale), which is confirmed by a
+//! listing in the same sync. What differs between the modes is *when* a sync runs
+//! ([`RouteMode`]):
 //! - [`RouteMode::Interval`] (upstream's default): every `--route-reconciliation-period`,
 //!   non-sliding, whether or not anything changed (`trigger="periodic"`);
 //! - [`RouteMode::Watch`] (upstream's `CloudControllerManagerWatchBasedRoutesReconciliation`
@@ -23,7 +30,7 @@ pub mod planner;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ccm_cloud::{CloudError, Routes};
@@ -99,6 +106,13 @@ pub struct RouteConfig {
     /// one, to repair routes changed in the cloud by someone else. Upstream relies on the node
     /// informer's 12–24 h resync.
     pub resync_period: Duration,
+    /// Watch mode: how long after the last sync planned from the known listing (the fast
+    /// path) a confirming full sync (`ListRoutes`, trigger `resync`) runs, to repair whatever
+    /// the known listing missed — blackholes, routes changed behind the controller's back
+    /// (default 2s). A burst of fast syncs is confirmed once, after its last one; a sync that
+    /// lists meanwhile confirms too. Short, so a quiet cluster is confirmed before it counts as
+    /// idle; long enough that nodes joining a second apart share one confirmation.
+    pub confirm_delay: Duration,
     /// Cloud create/delete calls in flight at once per sync (default 200, upstream's constant).
     pub max_concurrent_route_ops: usize,
     /// Watch mode: delay before re-running a failed sync, doubling per consecutive failure
@@ -115,6 +129,7 @@ impl Default for RouteConfig {
             reconciliation_period: Duration::from_secs(10),
             min_sync_interval: Duration::from_secs(1),
             resync_period: Duration::from_secs(30 * 60),
+            confirm_delay: Duration::from_secs(2),
             max_concurrent_route_ops: 200,
             retry_backoff: Backoff {
                 base: Duration::from_secs(10),
@@ -330,6 +345,8 @@ impl Metrics {
 
 struct HandleInner {
     counts: Mutex<BTreeMap<(SyncTrigger, SyncOutcome), u64>>,
+    /// Syncs planned against the known listing, without a `ListRoutes`.
+    from_known: AtomicU64,
     routed: Mutex<Option<BTreeSet<String>>>,
     running: AtomicUsize,
     queue: Option<WorkQueue<()>>,
@@ -345,6 +362,12 @@ impl RouteHandle {
     /// Sync counts so far, by trigger and outcome.
     pub fn syncs(&self) -> SyncCounts {
         SyncCounts(self.inner.counts.lock().clone())
+    }
+
+    /// Syncs that planned against the last known listing instead of calling `ListRoutes` (the
+    /// fast path of a node change that only needs route creates).
+    pub fn syncs_from_known(&self) -> u64 {
+        self.inner.from_known.load(Ordering::SeqCst)
     }
 
     /// Work not yet done: a sync running, pending, or a retry scheduled. Zero means idle (a
@@ -401,12 +424,12 @@ enum Op {
     Create(RouteCreate),
 }
 
-/// How one cloud route call ended: a create carries its node, a failed create its
+/// How one cloud route call ended: a create or delete carries its route, a failed create its
 /// (node, CIDR); failures carry the cloud's retry-after when it throttled.
 enum OpResult {
-    Created(String),
+    Created(ccm_cloud::Route),
     CreateFailed((String, String), Option<Duration>),
-    Deleted,
+    Deleted(ccm_cloud::Route),
     DeleteFailed(Option<Duration>),
 }
 
@@ -434,6 +457,10 @@ pub struct RouteController {
     /// last ListRoutes. Only then does an address change need a sync; until the first list,
     /// assume it does.
     tracks_addresses: Arc<std::sync::atomic::AtomicBool>,
+    /// The cloud's routes as this controller knows them: the last `ListRoutes`, plus its own
+    /// successful creates and deletes since. `None` before the first listing and after any
+    /// failed cloud call (the cloud's state is then unknown until the next listing).
+    known: Mutex<Option<Vec<ccm_cloud::Route>>>,
 }
 
 /// What executing one plan did.
@@ -507,6 +534,7 @@ impl RouteController {
             inner: Arc::new(HandleInner {
                 counts: Mutex::default(),
                 routed: Mutex::default(),
+                from_known: AtomicU64::new(0),
                 running: AtomicUsize::new(0),
                 queue,
             }),
@@ -524,6 +552,7 @@ impl RouteController {
             handle,
             queue_shutdown,
             tracks_addresses: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            known: Mutex::new(None),
         })
     }
 
@@ -593,15 +622,19 @@ impl RouteController {
 
         let mut limiter = limiter::StormLimiter::new(self.config.min_sync_interval);
         let mut last_end = Instant::now();
+        // When the last fast-path sync must be confirmed by a listing.
+        let mut confirm_due: Option<Instant> = None;
         loop {
             let resync_due = last_end + self.config.resync_period;
+            let due = confirm_due.map_or(resync_due, |c| c.min(resync_due));
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 k = queue.get() => if k.is_none() { break },
-                _ = tokio::time::sleep_until(resync_due) => {
+                _ = tokio::time::sleep_until(due) => {
                     reasons.lock().resync = true;
                     queue.add(KEY);
                     last_end = Instant::now();
+                    confirm_due = None;
                     continue;
                 }
             }
@@ -621,8 +654,11 @@ impl RouteController {
                 continue;
             };
             limiter.started(Instant::now());
+            let fast_before = self.handle.syncs_from_known();
             let (outcome, throttled) = self.sync(trigger).await;
             last_end = Instant::now();
+            confirm_due = (self.handle.syncs_from_known() > fast_before)
+                .then(|| last_end + self.config.confirm_delay);
             limiter.ended(last_end, throttled);
             if outcome == SyncOutcome::Error {
                 reasons.lock().retry = true;
@@ -641,7 +677,7 @@ impl RouteController {
     async fn sync(&self, trigger: SyncTrigger) -> (SyncOutcome, Option<Duration>) {
         self.handle.inner.running.fetch_add(1, Ordering::SeqCst);
         let started = Instant::now();
-        let (outcome, throttled) = match self.reconcile().await {
+        let (outcome, throttled) = match self.reconcile(trigger).await {
             Ok(Executed {
                 errors: 0,
                 changed,
@@ -696,46 +732,115 @@ impl RouteController {
         (outcome, throttled)
     }
 
-    /// List, plan, execute: upstream's `reconcileNodeRoutes`.
-    async fn reconcile(&self) -> Result<Executed, CloudError> {
+    /// List, plan, execute: upstream's `reconcileNodeRoutes`; a node change that only needs
+    /// creates skips the list (see the module docs).
+    async fn reconcile(&self, trigger: SyncTrigger) -> Result<Executed, CloudError> {
+        let cidrs = &self.config.cluster_cidrs;
+        if trigger == SyncTrigger::NodeChange
+            && let Some((plan, managed)) = self.plan_from_known(&self.node_views())
+        {
+            if let Some(done) = self.apply(&plan, managed, true).await {
+                self.handle.inner.from_known.fetch_add(1, Ordering::SeqCst);
+                return Ok(done);
+            }
+            tracing::info!("a route create from the known listing was refused; listing routes");
+        }
         let cluster = self.shared.cluster_name.as_str();
-        let routes = self.routes.list_routes(cluster).await?;
+        let routes = match self.routes.list_routes(cluster).await {
+            Ok(r) => r,
+            Err(e) => {
+                *self.known.lock() = None;
+                return Err(e);
+            }
+        };
         self.tracks_addresses.store(
             routes.iter().any(|r| r.enable_node_addresses),
             Ordering::Relaxed,
         );
-        let nodes: Vec<NodeView> = self
-            .shared
+        let plan = planner::plan(&self.node_views(), &routes, cidrs);
+        let managed = managed_routes(&routes, cidrs);
+        *self.known.lock() = Some(routes.into_iter().map(known_route).collect());
+        Ok(self.apply(&plan, managed, false).await.unwrap_or_default())
+    }
+
+    /// The cached Nodes as the planner sees them.
+    fn node_views(&self) -> Vec<NodeView> {
+        self.shared
             .nodes
             .list()
             .iter()
             .map(|n| NodeView::from_node(n))
-            .collect();
+            .collect()
+    }
+
+    /// The fast path's plan: against the known listing, when all it has to do is create routes
+    /// (and write the condition of the nodes it creates them for, or of nodes whose condition
+    /// the cloud-node controller folds into its own write: no write here). Anything that
+    /// deletes, or writes another node's condition, is left to a sync that lists: the known
+    /// listing may miss blackholes and changes made behind the controller's back.
+    fn plan_from_known(&self, nodes: &[NodeView]) -> Option<(RoutePlan, i64)> {
+        let known = self.known.lock();
+        let routes = known.as_ref()?;
         let cidrs = &self.config.cluster_cidrs;
-        let plan = planner::plan(&nodes, &routes, cidrs);
-        let mut done = Executed::default();
-        let mut managed = routes
+        let plan = planner::plan(nodes, routes, cidrs);
+        let creating: HashSet<&str> = plan
+            .creates
             .iter()
-            .filter(|r| planner::is_responsible(r, cidrs))
-            .count() as i64;
+            .map(|c| c.route.target_node.as_str())
+            .collect();
+        let folds = self.shared.routed.node_folds();
+        let folded = |node: &str| {
+            folds
+                && self
+                    .shared
+                    .nodes
+                    .get(node)
+                    .is_some_and(|n| has_taint(&n, TAINT_UNINITIALIZED))
+        };
+        let only_creates = !plan.creates.is_empty()
+            && plan.deletes.is_empty()
+            && plan
+                .conditions
+                .iter()
+                .all(|u| creating.contains(u.node.as_str()) || folded(&u.node));
+        only_creates.then(|| (plan, managed_routes(routes, cidrs)))
+    }
+
+    /// Executes `plan`: route calls, routed nodes, condition writes. `managed` counts the
+    /// routes inside the cluster CIDRs before it. `None` (only `from_known`): a create was
+    /// refused without throttling, so the known listing was stale and nothing else was done —
+    /// the caller lists and plans again.
+    async fn apply(
+        &self,
+        plan: &RoutePlan,
+        mut managed: i64,
+        from_known: bool,
+    ) -> Option<Executed> {
+        let mut done = Executed::default();
         if plan.is_empty() {
             self.metrics.managed.set(managed);
             let routed = plan.routed_nodes(&HashSet::new());
             self.shared.routed.publish(routed.clone());
             *self.handle.inner.routed.lock() = Some(routed);
-            return Ok(done);
+            return Some(done);
         }
         tracing::info!(
             creates = plan.creates.len(),
             deletes = plan.deletes.len(),
             conditions = plan.conditions.len(),
+            from_known,
             "reconciling routes"
         );
         // Nodes whose routes all exist already are routed now; the others join one by one as
         // their creates return (`execute_routes`), not when the whole sync ends.
         self.shared.routed.publish(plan.routed_without_creates());
 
-        let failed = self.execute_routes(&plan, &mut done, &mut managed).await;
+        let failed = self
+            .execute_routes(plan, &mut done, &mut managed, !from_known)
+            .await;
+        if from_known && !failed.is_empty() && done.throttled.is_none() {
+            return None;
+        }
         self.metrics.managed.set(managed);
         let routed = plan.routed_nodes(&failed);
         self.shared.routed.publish(routed.clone());
@@ -769,7 +874,23 @@ impl RouteController {
                 done.errors += 1;
             }
         }
-        Ok(done)
+        Some(done)
+    }
+
+    /// Keeps the known listing in step with one cloud call: a success is applied to it, a
+    /// failure forgets it (the call may or may not have taken effect).
+    fn track(&self, res: &OpResult) {
+        let mut known = self.known.lock();
+        let Some(routes) = known.as_mut() else {
+            return;
+        };
+        match res {
+            OpResult::Created(r) => routes.push(known_route(r.clone())),
+            OpResult::Deleted(r) => routes.retain(|k| {
+                !(k.destination_cidr == r.destination_cidr && k.target_node == r.target_node)
+            }),
+            OpResult::CreateFailed(..) | OpResult::DeleteFailed(_) => *known = None,
+        }
     }
 
     /// Runs the plan's deletes and creates, at most `max_concurrent_route_ops` at once; returns
@@ -779,6 +900,7 @@ impl RouteController {
         plan: &RoutePlan,
         done: &mut Executed,
         managed: &mut i64,
+        announce_failures: bool,
     ) -> HashSet<(String, String)> {
         let deletes = plan.deletes.iter().cloned().map(Op::Delete);
         let creates = plan.creates.iter().cloned().map(Op::Create);
@@ -791,26 +913,27 @@ impl RouteController {
         let mut remaining = plan.creates_per_node();
         for phase in phases {
             let mut results = futures::stream::iter(phase)
-                .map(|op| self.execute_op(op))
+                .map(|op| self.execute_op(op, announce_failures))
                 .buffer_unordered(self.config.max_concurrent_route_ops);
             while let Some(res) = results.next().await {
                 let (op, result) = match &res {
                     OpResult::Created(_) => ("create", "success"),
                     OpResult::CreateFailed(..) => ("create", "error"),
-                    OpResult::Deleted => ("delete", "success"),
+                    OpResult::Deleted(_) => ("delete", "success"),
                     OpResult::DeleteFailed(_) => ("delete", "error"),
                 };
                 self.metrics
                     .ops
                     .get_or_create(&OpLabels { op, result })
                     .inc();
+                self.track(&res);
                 match res {
-                    OpResult::Created(node) => {
+                    OpResult::Created(route) => {
                         done.changed = true;
                         *managed += 1;
-                        self.created(&node, &mut remaining, &failed);
+                        self.created(&route.target_node, &mut remaining, &failed);
                     }
-                    OpResult::Deleted => {
+                    OpResult::Deleted(_) => {
                         done.changed = true;
                         *managed -= 1;
                     }
@@ -849,15 +972,17 @@ impl RouteController {
         }
     }
 
-    /// One cloud call, logged (and a `FailedToCreateRoute` event for a failed create).
-    async fn execute_op(&self, op: Op) -> OpResult {
+    /// One cloud call, logged (and a `FailedToCreateRoute` event for a failed create when
+    /// `announce_failures`: a fast-path create refused because the known listing was stale is
+    /// not the node's failure — the confirming listing decides).
+    async fn execute_op(&self, op: Op, announce_failures: bool) -> OpResult {
         let cluster = self.shared.cluster_name.as_str();
         let start = Instant::now();
         match op {
             Op::Delete(r) => match self.routes.delete_route(cluster, &r).await {
                 Ok(()) => {
                     tracing::info!(route = %r.name, cidr = %r.destination_cidr, "deleted route");
-                    OpResult::Deleted
+                    OpResult::Deleted(r)
                 }
                 Err(e) => {
                     tracing::warn!(route = %r.name, cidr = %r.destination_cidr, error = %e,
@@ -873,7 +998,15 @@ impl RouteController {
                 Ok(()) => {
                     tracing::info!(node = %c.route.target_node, cidr = %c.route.destination_cidr,
                         hint = %c.name_hint, "created route");
-                    OpResult::Created(c.route.target_node)
+                    OpResult::Created(c.route)
+                }
+                Err(e) if !announce_failures => {
+                    tracing::info!(node = %c.route.target_node, cidr = %c.route.destination_cidr,
+                        error = %e, "route create from the known listing refused");
+                    OpResult::CreateFailed(
+                        (c.route.target_node, c.route.destination_cidr),
+                        throttle_hint(&e),
+                    )
                 }
                 Err(e) => {
                     self.create_failed(&c, start.elapsed(), &e);
@@ -946,6 +1079,23 @@ impl RouteController {
             }
         }
     }
+}
+
+/// Routes inside the cluster CIDRs: the `route_controller_managed_routes` gauge.
+fn managed_routes(routes: &[ccm_cloud::Route], cidrs: &[IpNet]) -> i64 {
+    routes
+        .iter()
+        .filter(|r| planner::is_responsible(r, cidrs))
+        .count() as i64
+}
+
+/// A route as the known listing keeps it: what the planner reads. Addresses only matter for
+/// routes that track them.
+fn known_route(mut r: ccm_cloud::Route) -> ccm_cloud::Route {
+    if !r.enable_node_addresses {
+        r.target_node_addresses = Vec::new();
+    }
+    r
 }
 
 /// Upstream's watch-mode node filter: adds and deletes always; updates when `spec.podCIDRs`

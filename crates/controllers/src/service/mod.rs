@@ -209,8 +209,9 @@ struct KeyState {
     written_status: Option<Option<LoadBalancerStatus>>,
 }
 
-/// The LB node list with the hash of what it was built from, and its set.
-type LbNodes = (u64, Arc<Vec<Node>>, Arc<NodeSet>);
+/// The LB node list with the node cache generation and the hash of what it was built from,
+/// and its set.
+type LbNodes = (u64, u64, Arc<Vec<Node>>, Arc<NodeSet>);
 
 struct Inner {
     shared: Shared,
@@ -640,9 +641,20 @@ impl Inner {
     }
 
     /// The current LB nodes (sorted by name) and their set, reused while no Node joins, leaves
-    /// or changes its providerID or addresses.
+    /// or changes its providerID or addresses. While the node cache has not changed at all,
+    /// that is known without looking at the Nodes: 200 Services ensured at once on 1,000 Nodes
+    /// took 200 passes over every Node (listing, sorting, hashing: a third of the CCM's CPU in
+    /// that burst).
     fn lb_nodes(&self) -> (Arc<Vec<Node>>, Arc<NodeSet>) {
         use std::hash::{Hash, Hasher};
+        // Read before listing: a change after this point bumps it again, so the result stored
+        // below is never taken for newer than the list it was built from.
+        let generation = self.shared.nodes.generation();
+        if let Some((g, _, nodes, set)) = self.lb_nodes_cache.lock().as_ref()
+            && *g == generation
+        {
+            return (nodes.clone(), set.clone());
+        }
         let mut current: Vec<Arc<Node>> = self
             .shared
             .nodes
@@ -666,14 +678,15 @@ impl Inner {
         }
         let key = h.finish();
         let mut cache = self.lb_nodes_cache.lock();
-        if let Some((k, nodes, set)) = cache.as_ref()
+        if let Some((g, k, nodes, set)) = cache.as_mut()
             && *k == key
         {
+            *g = (*g).max(generation);
             return (nodes.clone(), set.clone());
         }
         let nodes: Arc<Vec<Node>> = Arc::new(current.iter().map(|n| (**n).clone()).collect());
         let set = Arc::new(lb_node_set(nodes.iter()));
-        *cache = Some((key, nodes.clone(), set.clone()));
+        *cache = Some((generation, key, nodes.clone(), set.clone()));
         (nodes, set)
     }
 

@@ -8,8 +8,8 @@
 //!     cargo run -p ccm-provider-aws --example measure_calls
 //! ```
 //!
-//! It takes minutes on moto, so it is an example, not a test (the tests bound the same counts
-//! at 400 Nodes).
+//! It takes minutes on moto, so it is an example, not a test: `cargo test` builds it (so it
+//! keeps compiling) but does not run it; the tests bound the same counts at 400 Nodes.
 
 #[path = "../tests/common/mod.rs"]
 mod common;

@@ -58,6 +58,8 @@ pub(crate) struct Memory {
     pub by_name: HashMap<String, crate::instances::Seen>,
     /// LB name → the instances its last successful ensure or update made its backends.
     pub lb_backends: HashMap<String, std::collections::BTreeSet<String>>,
+    /// NLB name → its VPC and target groups, as the last ensure or update found them.
+    pub nlbs: HashMap<String, crate::nlb::NlbTargets>,
     /// (node security group, LB security group) pairs known to have the allow rule.
     pub sg_rules: std::collections::HashSet<(String, String)>,
 }
@@ -68,6 +70,8 @@ pub(crate) struct Inner {
     pub pending: Mutex<crate::instances::Pending>,
     /// Held while a coalesced lookup is in flight.
     pub flight: tokio::sync::Mutex<()>,
+    /// Held while zone ids are asked for.
+    pub zone_flight: tokio::sync::Mutex<()>,
     sdk: Option<SdkConfig>,
     clients: OnceCell<Clients>,
     pub metrics: AwsMetrics,
@@ -114,6 +118,7 @@ impl AwsCloud {
                 cfg,
                 pending: Mutex::default(),
                 flight: tokio::sync::Mutex::new(()),
+                zone_flight: tokio::sync::Mutex::new(()),
                 sdk,
                 clients: OnceCell::new(),
                 metrics: AwsMetrics::default(),

@@ -29,8 +29,8 @@ pub const LABEL_ZONE_ID: &str = "topology.k8s.aws/zone-id";
 const NOT_FOUND: &str = "InvalidInstanceID.NotFound";
 /// How long an instance found by name answers further lookups of that name. A burst asks for
 /// the same new Nodes from several controllers (cloud-node, route, service) over some seconds;
-/// one answer — a 150-name filter or a listing of the VPC — serves all of them. Upstream caches
-/// all instances for its route listing for the same 20 s.
+/// one answer — a 150-name filter or a listing of the VPC — serves all of them. (Upstream
+/// asks EC2 by name for each Node's metadata and again for each route.)
 pub(crate) const BY_NAME_TTL: Duration = Duration::from_secs(20);
 /// Instance states a Node can belong to (upstream's `aliveFilter`: not terminated).
 const ALIVE: [&str; 5] = ["pending", "running", "shutting-down", "stopping", "stopped"];
@@ -510,13 +510,21 @@ impl AwsCloud {
     /// Zone ids for the zones of `insts` that the instances themselves do not carry: one
     /// `DescribeAvailabilityZones` the first time, remembered after.
     async fn zone_ids(&self, insts: &[&Instance]) -> CloudResult<HashMap<String, String>> {
-        let missing = insts.iter().any(|i| {
-            i.placement()
-                .and_then(|p| p.availability_zone_id())
-                .is_none()
-                && !self.inner.memory.lock().zone_ids.contains_key(zone_of(i))
-        });
-        if missing {
+        let missing = || {
+            insts.iter().any(|i| {
+                i.placement()
+                    .and_then(|p| p.availability_zone_id())
+                    .is_none()
+                    && !self.inner.memory.lock().zone_ids.contains_key(zone_of(i))
+            })
+        };
+        // One call for lookups that find the zone ids missing together (a burst's batches).
+        let _one = if missing() {
+            Some(self.inner.zone_flight.lock().await)
+        } else {
+            None
+        };
+        if missing() {
             let ec2 = self.clients().await?.ec2.clone();
             let out = self
                 .call(

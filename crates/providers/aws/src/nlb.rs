@@ -25,6 +25,13 @@ pub(crate) struct Nlb {
     pub vpc: String,
 }
 
+/// What an NLB update needs to know of the NLB: its VPC and its target groups (ARN, NodePort).
+#[derive(Clone, Debug)]
+pub(crate) struct NlbTargets {
+    pub vpc: String,
+    pub groups: Vec<(String, i32)>,
+}
+
 /// Description prefix of the client rules upstream puts on node groups for an NLB.
 pub const CLIENT_RULE: &str = "kubernetes.io/rule/nlb/client=";
 /// Description prefix of the health-check rules.
@@ -580,7 +587,42 @@ impl AwsCloud {
                 format!("NLB {name} has no DNS name yet"),
             ));
         }
+        let known = NlbTargets {
+            vpc: lb.vpc,
+            groups,
+        };
+        self.inner
+            .memory
+            .lock()
+            .nlbs
+            .insert(name.to_string(), known);
         Ok(lb.dns)
+    }
+
+    /// The NLB's VPC and target groups with their ports, as the last ensure or update left
+    /// them, else from AWS (two calls).
+    async fn nlb_targets(&self, name: &str, spec: &LbSpec) -> CloudResult<NlbTargets> {
+        if let Some(known) = self.inner.memory.lock().nlbs.get(name) {
+            return Ok(known.clone());
+        }
+        let Some(lb) = self.nlb_find(name).await? else {
+            return Err(CloudError::Permanent(format!(
+                "NLB {name} does not exist; it is created by ensure"
+            )));
+        };
+        let by_name = self.nlb_target_groups(&lb.arn).await?;
+        let groups = spec
+            .ports
+            .iter()
+            .filter_map(|p| {
+                let arn = by_name.get(&target_group_name(name, spec, p))?;
+                Some((arn.clone(), p.node_port))
+            })
+            .collect();
+        Ok(NlbTargets {
+            vpc: lb.vpc,
+            groups,
+        })
     }
 
     pub(crate) async fn nlb_update(
@@ -590,24 +632,32 @@ impl AwsCloud {
         spec: &LbSpec,
         nodes: &[Node],
     ) -> CloudResult<()> {
-        let Some(lb) = self.nlb_find(name).await? else {
-            return Err(CloudError::Permanent(format!(
-                "NLB {name} does not exist; it is created by ensure"
-            )));
-        };
+        let known = self.nlb_targets(name, spec).await?;
         let ids = self.node_instance_ids(nodes).await?;
-        let groups = self.nlb_target_groups(&lb.arn).await?;
-        for p in &spec.ports {
-            if let Some(arn) = groups.get(&target_group_name(name, spec, p)) {
-                self.nlb_sync_targets(arn, p.node_port, &ids).await?;
+        let mut out = Ok(());
+        for (arn, port) in &known.groups {
+            out = self.nlb_sync_targets(arn, *port, &ids).await;
+            if out.is_err() {
+                break;
             }
         }
-        let node_groups = self.node_security_groups(&ids).await?;
-        self.nlb_sync_rules(name, &lb.vpc, spec, &node_groups, false)
-            .await
+        if out.is_ok() {
+            out = match self.node_security_groups(&ids).await {
+                Ok(g) => self.nlb_sync_rules(name, &known.vpc, spec, &g, false).await,
+                Err(e) => Err(e),
+            };
+        }
+        // A failure may mean the NLB changed behind our back: ask AWS again next time.
+        let mut mem = self.inner.memory.lock();
+        match &out {
+            Ok(()) => mem.nlbs.insert(name.to_string(), known),
+            Err(_) => mem.nlbs.remove(name),
+        };
+        out
     }
 
     pub(crate) async fn nlb_delete(&self, _cluster: &str, name: &str) -> CloudResult<()> {
+        self.inner.memory.lock().nlbs.remove(name);
         let Some(lb) = self.nlb_find(name).await? else {
             return Ok(());
         };

@@ -591,9 +591,15 @@ async fn fifty_load_balancers_half_nlb_fit_one_node_group_and_take_a_joining_nod
     eprintln!("node join with {MANY_LBS} LBs (half NLB): {total} AWS calls {join:?}");
     let n = |a: &str| join.get(a).copied().unwrap_or(0);
     assert!(n("DescribeInstances") <= 1, "{join:?}");
-    // Each LB is read and written once, though the controller may update each twice (the
-    // Node's arrival, then its providerID: the same instance).
-    assert!(n("DescribeLoadBalancers") <= MANY_LBS as u64, "{join:?}");
+    // Each LB is written once, though the controller may update each twice (the Node's
+    // arrival, then its providerID: the same instance). A Classic ELB is read once for its
+    // instances; an NLB's target groups are known from its ensure, only their targets are read.
+    assert!(
+        n("DescribeLoadBalancers") <= MANY_LBS as u64 / 2,
+        "{join:?}"
+    );
+    assert_eq!(n("DescribeTargetGroups"), 0, "{join:?}");
+    assert!(n("DescribeTargetHealth") <= MANY_LBS as u64 / 2, "{join:?}");
     assert_eq!(n("RegisterInstancesWithLoadBalancer"), MANY_LBS as u64 / 2);
     assert_eq!(n("RegisterTargets"), MANY_LBS as u64 / 2);
     assert!(
