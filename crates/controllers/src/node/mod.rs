@@ -269,6 +269,10 @@ struct Inner {
     /// intermediate status write, or a lagging watch), not work: looking it up again would cost
     /// a cloud call and a refused write.
     initialized: Mutex<HashMap<String, String>>,
+    /// providerID → name of tainted Nodes whose initialization failed: an instance `Created`
+    /// event for a Node not found by name is looked up here, not by scanning every cached Node
+    /// (a burst of N instance creations made that N² work: most of them precede their Node).
+    failed_by_provider_id: Mutex<HashMap<String, String>>,
     busy: Arc<AtomicUsize>,
 }
 
@@ -343,6 +347,7 @@ impl CloudNodeController {
                 gather: tokio::sync::Mutex::new(()),
                 pacing: Mutex::default(),
                 initialized: Mutex::default(),
+                failed_by_provider_id: Mutex::default(),
                 busy: Arc::new(AtomicUsize::new(0)),
             }),
         })
@@ -413,6 +418,7 @@ impl Inner {
             let Some(new) = change.new else {
                 if let Some(old) = change.old {
                     self.initialized.lock().remove(&name(&old));
+                    self.forget_failure(&old);
                 }
                 continue;
             };
@@ -424,10 +430,23 @@ impl Inner {
                 self.queue.add(key);
             } else {
                 self.initialized.lock().remove(&key);
+                self.forget_failure(&new);
                 if !planner::plan_ga_labels(&new).is_empty() {
                     self.queue.add(key);
                 }
             }
+        }
+    }
+
+    /// Drops a gone or initialized Node from [`Inner::failed_by_provider_id`].
+    fn forget_failure(&self, node: &Node) {
+        let provider_id = ccm_cloud::node_provider_id(node);
+        if provider_id.is_empty() {
+            return;
+        }
+        let mut failed = self.failed_by_provider_id.lock();
+        if failed.get(provider_id).is_some_and(|n| *n == name(node)) {
+            failed.remove(provider_id);
         }
     }
 
@@ -459,11 +478,15 @@ impl Inner {
                 .as_deref()
                 .and_then(|n| self.shared.nodes.get(n))
                 .or_else(|| {
+                    let name = self
+                        .failed_by_provider_id
+                        .lock()
+                        .get(&ev.provider_id)
+                        .cloned()?;
                     self.shared
                         .nodes
-                        .list()
-                        .into_iter()
-                        .find(|n| ccm_cloud::node_provider_id(n) == ev.provider_id)
+                        .get(&name)
+                        .filter(|n| ccm_cloud::node_provider_id(n) == ev.provider_id)
                 });
             if let Some(node) = node
                 && has_taint(&node, TAINT_UNINITIALIZED)
@@ -703,6 +726,12 @@ impl Inner {
 
     fn fail(&self, node: &Node, err: SyncError) {
         let key = name(node);
+        let provider_id = ccm_cloud::node_provider_id(node);
+        if !provider_id.is_empty() {
+            self.failed_by_provider_id
+                .lock()
+                .insert(provider_id.to_string(), key.clone());
+        }
         let delay = match err.throttle_hint() {
             Some(pause) => {
                 self.note_throttle(pause);

@@ -325,6 +325,11 @@ impl NodeLifecycleController {
     }
 
     async fn on_event(&self, ev: InstanceEvent, waiting: &mut HashMap<String, InstanceEventKind>) {
+        // Nothing to do for a new instance; returning before the lookup matters: it scans
+        // every cached Node, and a burst of N new instances made that N² work.
+        if ev.kind == InstanceEventKind::Created {
+            return;
+        }
         let nodes = self.shared.nodes.list();
         let Some(node) = planner::node_for_event(&nodes, &ev).cloned() else {
             return;
