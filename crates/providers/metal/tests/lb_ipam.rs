@@ -287,17 +287,23 @@ async fn dual_stack_services_get_one_address_per_family() {
     api.create(&PostParams::default(), &dual)
         .await
         .expect("dual");
-    let mut v6 = service("v6only", &[], &[(80, "TCP")]);
-    v6.spec.as_mut().expect("spec").ip_families = Some(vec!["IPv6".into()]);
-    api.create(&PostParams::default(), &v6).await.expect("v6");
-    wait_for("both Services get addresses", || async {
-        !ingress(&api, "dual").await.is_empty() && !ingress(&api, "v6only").await.is_empty()
+    // The second Service is created once the first has its addresses, so
+    // which pool address each one gets does not depend on worker order.
+    wait_for("the dual-stack Service gets addresses", || async {
+        !ingress(&api, "dual").await.is_empty()
     })
     .await;
     assert_eq!(
         ingress(&api, "dual").await,
         vec!["192.0.2.0", "2001:db8:5::"]
     );
+    let mut v6 = service("v6only", &[], &[(80, "TCP")]);
+    v6.spec.as_mut().expect("spec").ip_families = Some(vec!["IPv6".into()]);
+    api.create(&PostParams::default(), &v6).await.expect("v6");
+    wait_for("the IPv6 Service gets an address", || async {
+        !ingress(&api, "v6only").await.is_empty()
+    })
+    .await;
     assert_eq!(ingress(&api, "v6only").await, vec!["2001:db8:5::1"]);
     ccm.stop().await;
 }
