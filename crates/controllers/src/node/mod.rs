@@ -603,7 +603,9 @@ impl Inner {
             .collect();
         join_all(work.into_iter().map(|(node, res)| async {
             // Each Node waits for its own route only, and holds no write slot meanwhile.
-            self.wait_for_route(&node, &res).await;
+            // Boxed: the wait (timer, channel, select) would otherwise be part of every
+            // Node's future from the start, though most Nodes find their route already made.
+            Box::pin(self.wait_for_route(&node, &res)).await;
             let _permit = self.writes.acquire().await;
             // Boxed: the write future (API requests, retries) is ~13 KiB, and a 1,000-Node
             // batch keeps every Node's future alive while it waits; unboxed, each waiting
