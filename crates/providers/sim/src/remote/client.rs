@@ -25,8 +25,9 @@ use serde::de::DeserializeOwned;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::wire::{
-    ACTOR_HEADER, Call, CallCount, CallRef, DeleteRouteRequest, FaultRequest, MAX_BATCH_HEADER, WireEvent,
-    WireMaybeMetadata, WireNodes, WireResult, WireRoute, WireRoutes, WireStatus, from_wire,
+    ACTOR_HEADER, Call, CallCount, CallRef, DeleteRouteRequest, FaultRequest, MAX_BATCH_HEADER,
+    WireEvent, WireMaybeMetadata, WireNodes, WireResult, WireRoute, WireRoutes, WireStatus,
+    from_wire,
 };
 use crate::cloud::{
     DEFAULT_MAX_BATCH_SIZE, InstanceSpec, Mutation, PROVIDER_NAME, SimInstance, SimLoadBalancer,
