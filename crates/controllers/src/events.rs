@@ -6,7 +6,7 @@
 //! same event on the same object within the dedup window becomes a count bump (as client-go's
 //! correlator does) instead of a new object.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,6 @@ use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
-use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -124,10 +123,73 @@ pub fn object_reference<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectReferen
     }
 }
 
+/// (object uid/name, reason, message): what makes two events "the same".
+type Key = (String, String, String);
+
+/// An Event already written: its name, its count, and when it was first seen.
+#[derive(Clone)]
+struct Written {
+    name: String,
+    count: i32,
+    first_seen: Instant,
+}
+
+/// The events written within the dedup window, forgotten in the order they were first seen.
+///
+/// Expiry pops from the front of a queue ordered by first sight, so recording an event costs
+/// O(1) amortized however many objects have events (a map-wide scan per event made a
+/// 5,000-node burst quadratic).
+#[derive(Default)]
+struct Dedup {
+    written: HashMap<Key, Written>,
+    order: VecDeque<(Instant, Key)>,
+}
+
+impl Dedup {
+    /// The earlier Event this one repeats, if it was first seen within the window.
+    fn prior(&mut self, key: &Key, now: Instant) -> Option<Written> {
+        self.expire(now);
+        self.written.get(key).cloned()
+    }
+
+    /// Remembers a new Event (count 1) or a repeat's new count.
+    fn record(&mut self, key: Key, name: String, count: i32, first_seen: Instant) {
+        if count == 1 {
+            self.order.push_back((first_seen, key.clone()));
+        }
+        self.written.insert(
+            key,
+            Written {
+                name,
+                count,
+                first_seen,
+            },
+        );
+    }
+
+    fn expire(&mut self, now: Instant) {
+        while let Some((seen, _)) = self.order.front() {
+            if now.duration_since(*seen) < DEDUP_WINDOW {
+                break;
+            }
+            let Some((seen, key)) = self.order.pop_front() else {
+                break;
+            };
+            // A key re-created after expiring has a newer entry; only drop its own.
+            if self.written.get(&key).is_some_and(|w| w.first_seen == seen) {
+                self.written.remove(&key);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.written.len()
+    }
+}
+
 async fn writer(client: kube::Client, component: Arc<str>, mut rx: mpsc::Receiver<Pending>) {
-    // (object uid/name, reason, message) → (event name, namespace, count, first seen)
-    type Key = (String, String, String);
-    let seen: Mutex<HashMap<Key, (String, String, i32, Instant)>> = Mutex::default();
+    let mut seen = Dedup::default();
     let mut seq: u64 = 0;
     while let Some(p) = rx.recv().await {
         let namespace = p
@@ -144,22 +206,17 @@ async fn writer(client: kube::Client, component: Arc<str>, mut rx: mpsc::Receive
         let key = (obj_id, p.reason.clone(), p.message.clone());
         let now = Timestamp::now();
         let api: Api<Event> = Api::namespaced(client.clone(), &namespace);
-        let prior = {
-            let mut seen = seen.lock();
-            seen.retain(|_, (_, _, _, at)| at.elapsed() < DEDUP_WINDOW);
-            seen.get(&key).cloned()
-        };
-        if let Some((name, ns, count, at)) = prior {
+        if let Some(prior) = seen.prior(&key, Instant::now()) {
             let patch = serde_json::json!({
-                "count": count + 1,
+                "count": prior.count + 1,
                 "lastTimestamp": Time(now),
             });
             match api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(&prior.name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
                 Ok(_) => {
-                    seen.lock().insert(key, (name, ns, count + 1, at));
+                    seen.record(key, prior.name, prior.count + 1, prior.first_seen);
                     continue;
                 }
                 Err(e) => tracing::debug!(error = %e, "event count bump failed; creating anew"),
@@ -195,11 +252,70 @@ async fn writer(client: kube::Client, component: Arc<str>, mut rx: mpsc::Receive
             ..Default::default()
         };
         match api.create(&PostParams::default(), &event).await {
-            Ok(_) => {
-                seen.lock()
-                    .insert(key, (name, namespace, 1, Instant::now()));
-            }
+            Ok(_) => seen.record(key, name, 1, Instant::now()),
             Err(e) => tracing::warn!(error = %e, "could not write event"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(obj: &str) -> Key {
+        (obj.to_string(), "Reason".to_string(), "message".to_string())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_repeat_within_the_window_folds_and_one_after_it_does_not() {
+        let mut dedup = Dedup::default();
+        let t0 = Instant::now();
+        dedup.record(key("a"), "a.1".into(), 1, t0);
+        tokio::time::advance(Duration::from_secs(300)).await;
+        let prior = dedup
+            .prior(&key("a"), Instant::now())
+            .expect("within window");
+        assert_eq!((prior.name.as_str(), prior.count), ("a.1", 1));
+        dedup.record(key("a"), prior.name, 2, prior.first_seen);
+        // The window counts from the first sight, as client-go's correlator does.
+        tokio::time::advance(Duration::from_secs(300)).await;
+        assert!(dedup.prior(&key("a"), Instant::now()).is_none());
+        assert_eq!(dedup.len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expiry_forgets_old_events_only() {
+        let mut dedup = Dedup::default();
+        for i in 0..1000 {
+            dedup.record(
+                key(&format!("old{i}")),
+                format!("old{i}.1"),
+                1,
+                Instant::now(),
+            );
+        }
+        tokio::time::advance(Duration::from_secs(400)).await;
+        dedup.record(key("new"), "new.1".into(), 1, Instant::now());
+        tokio::time::advance(Duration::from_secs(250)).await;
+        assert!(dedup.prior(&key("new"), Instant::now()).is_some());
+        assert_eq!(dedup.len(), 1, "the 1,000 older events are forgotten");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_written_again_after_expiry_is_not_dropped_by_its_old_entry() {
+        let mut dedup = Dedup::default();
+        dedup.record(key("a"), "a.1".into(), 1, Instant::now());
+        tokio::time::advance(DEDUP_WINDOW).await;
+        assert!(dedup.prior(&key("a"), Instant::now()).is_none());
+        // A failed count bump re-creates the Event while its first entry is still queued.
+        let mut dedup = Dedup::default();
+        dedup.record(key("a"), "a.1".into(), 1, Instant::now());
+        tokio::time::advance(Duration::from_secs(100)).await;
+        dedup.record(key("a"), "a.2".into(), 1, Instant::now());
+        tokio::time::advance(DEDUP_WINDOW - Duration::from_secs(50)).await;
+        let prior = dedup
+            .prior(&key("a"), Instant::now())
+            .expect("the newer Event");
+        assert_eq!(prior.name, "a.2");
     }
 }
