@@ -247,6 +247,74 @@ fn lb_status(lb: &SimLoadBalancer) -> LoadBalancerStatus {
     }
 }
 
+impl SimCloud {
+    /// `EnsureLoadBalancer` with the host names already sorted and deduplicated (what the
+    /// LB keeps): the sim server calls it with the wire's names, without building `Node`s.
+    pub(crate) async fn ensure_load_balancer_hosts(
+        &self,
+        cluster: &str,
+        service: &Service,
+        hosts: Vec<String>,
+    ) -> CloudResult<LoadBalancerStatus> {
+        let name = self.load_balancer_name(cluster, service);
+        let key = (cluster.to_string(), name.clone());
+        self.call(op::ENSURE_LOAD_BALANCER, |tx| {
+            let ports = ports_of(service)?;
+            let vip = match tx.state.lbs.get(&key) {
+                Some(lb) => lb.vip,
+                None => tx.allocate_vip()?,
+            };
+            let lb = SimLoadBalancer {
+                cluster: cluster.to_string(),
+                name: name.clone(),
+                service_namespace: service.metadata.namespace.clone().unwrap_or_default(),
+                service_name: service.metadata.name.clone().unwrap_or_default(),
+                service_uid: service.metadata.uid.clone().unwrap_or_default(),
+                ports,
+                hosts,
+                vip,
+            };
+            let status = lb_status(&lb);
+            let changed = tx.state.lbs.get(&key) != Some(&lb);
+            tx.state.lbs.insert(key.clone(), lb);
+            tx.log(
+                op::ENSURE_LOAD_BALANCER,
+                format!("lb/{cluster}/{name}"),
+                changed,
+            );
+            Ok(status)
+        })
+        .await
+    }
+
+    /// `UpdateLoadBalancer` with the host names already sorted and deduplicated.
+    pub(crate) async fn update_load_balancer_hosts(
+        &self,
+        cluster: &str,
+        service: &Service,
+        hosts: Vec<String>,
+    ) -> CloudResult<()> {
+        let name = self.load_balancer_name(cluster, service);
+        let key = (cluster.to_string(), name.clone());
+        self.call(op::UPDATE_LOAD_BALANCER, |tx| {
+            let lb = tx.state.lbs.get_mut(&key).ok_or_else(|| {
+                CloudError::Permanent(format!(
+                    "LoadBalancerNotFound: load balancer {name} of cluster {cluster} does not exist"
+                ))
+            })?;
+            let changed = lb.hosts != hosts;
+            lb.hosts = hosts;
+            tx.log(
+                op::UPDATE_LOAD_BALANCER,
+                format!("lb/{cluster}/{name}"),
+                changed,
+            );
+            Ok(())
+        })
+        .await
+    }
+}
+
 #[async_trait]
 impl LoadBalancer for SimCloud {
     async fn get_load_balancer(
@@ -276,36 +344,8 @@ impl LoadBalancer for SimCloud {
         service: &Service,
         nodes: &[Node],
     ) -> CloudResult<LoadBalancerStatus> {
-        let name = self.load_balancer_name(cluster, service);
-        let key = (cluster.to_string(), name.clone());
-        self.call(op::ENSURE_LOAD_BALANCER, |tx| {
-            let ports = ports_of(service)?;
-            let hosts = hosts_of(nodes);
-            let vip = match tx.state.lbs.get(&key) {
-                Some(lb) => lb.vip,
-                None => tx.allocate_vip()?,
-            };
-            let lb = SimLoadBalancer {
-                cluster: cluster.to_string(),
-                name: name.clone(),
-                service_namespace: service.metadata.namespace.clone().unwrap_or_default(),
-                service_name: service.metadata.name.clone().unwrap_or_default(),
-                service_uid: service.metadata.uid.clone().unwrap_or_default(),
-                ports,
-                hosts,
-                vip,
-            };
-            let status = lb_status(&lb);
-            let changed = tx.state.lbs.get(&key) != Some(&lb);
-            tx.state.lbs.insert(key.clone(), lb);
-            tx.log(
-                op::ENSURE_LOAD_BALANCER,
-                format!("lb/{cluster}/{name}"),
-                changed,
-            );
-            Ok(status)
-        })
-        .await
+        self.ensure_load_balancer_hosts(cluster, service, hosts_of(nodes))
+            .await
     }
 
     async fn update_load_balancer(
@@ -314,25 +354,8 @@ impl LoadBalancer for SimCloud {
         service: &Service,
         nodes: &[Node],
     ) -> CloudResult<()> {
-        let name = self.load_balancer_name(cluster, service);
-        let key = (cluster.to_string(), name.clone());
-        self.call(op::UPDATE_LOAD_BALANCER, |tx| {
-            let hosts = hosts_of(nodes);
-            let lb = tx.state.lbs.get_mut(&key).ok_or_else(|| {
-                CloudError::Permanent(format!(
-                    "LoadBalancerNotFound: load balancer {name} of cluster {cluster} does not exist"
-                ))
-            })?;
-            let changed = lb.hosts != hosts;
-            lb.hosts = hosts;
-            tx.log(
-                op::UPDATE_LOAD_BALANCER,
-                format!("lb/{cluster}/{name}"),
-                changed,
-            );
-            Ok(())
-        })
-        .await
+        self.update_load_balancer_hosts(cluster, service, hosts_of(nodes))
+            .await
     }
 
     async fn ensure_load_balancer_deleted(

@@ -48,6 +48,15 @@ async fn remote_client_shares_the_cloud_and_is_named_in_the_log() {
     let ip = status.ingress.expect("ingress")[0].ip.clone().expect("ip");
     assert_eq!(sim.load_balancers()[0].vip.to_string(), ip);
     assert_eq!(sim.load_balancers()[0].hosts, ["n1", "n2"]);
+    // Hosts cross the wire as names: kept sorted and once each, as the in-process sim does.
+    lb.update_load_balancer(
+        "c",
+        &svc,
+        &[node("n3", None), node("n1", None), node("n3", None)],
+    )
+    .await
+    .expect("update");
+    assert_eq!(sim.load_balancers()[0].hosts, ["n1", "n3"]);
 
     let route = Route {
         target_node: "n1".into(),
@@ -98,13 +107,14 @@ async fn remote_client_shares_the_cloud_and_is_named_in_the_log() {
         writes,
         [
             ("ensure_load_balancer".to_string(), "lb/c/au1".to_string()),
+            ("update_load_balancer".to_string(), "lb/c/au1".to_string()),
             (
                 "create_route".to_string(),
                 "route/c/10.244.1.0/24".to_string()
             ),
         ]
     );
-    assert_eq!(sim.calls_by("ccm-a").values().sum::<u64>(), 8);
+    assert_eq!(sim.calls_by("ccm-a").values().sum::<u64>(), 9);
 
     // Control and inspection over HTTP too.
     let remote = RemoteSim::new(&server.endpoint(), "bench").expect("client");

@@ -25,8 +25,9 @@ use serde::de::DeserializeOwned;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::wire::{
-    ACTOR_HEADER, Call, CallCount, DeleteRouteRequest, FaultRequest, MAX_BATCH_HEADER, WireEvent,
-    WireMaybeMetadata, WireResult, WireRoute, WireRoutes, WireStatus, from_wire,
+    ACTOR_HEADER, Call, CallCount, CallRef, DeleteRouteRequest, FaultRequest, MAX_BATCH_HEADER,
+    WireEvent, WireMaybeMetadata, WireNodes, WireResult, WireRoute, WireRoutes, WireStatus,
+    from_wire,
 };
 use crate::cloud::{
     DEFAULT_MAX_BATCH_SIZE, InstanceSpec, Mutation, PROVIDER_NAME, SimInstance, SimLoadBalancer,
@@ -180,14 +181,14 @@ impl RemoteSim {
         self.request(Method::GET, path, None).await
     }
 
-    async fn call<W: DeserializeOwned, T: From<W>>(&self, call: Call) -> CloudResult<T> {
+    async fn call<W: DeserializeOwned, T: From<W>>(&self, call: impl Serialize) -> CloudResult<T> {
         let answer: WireResult<W> = self.post("/v1/call", &call).await?;
         from_wire(answer)
     }
 
     async fn batch<W: DeserializeOwned, T: From<W>>(
         &self,
-        call: Call,
+        call: CallRef<'_>,
         n: usize,
     ) -> Vec<CloudResult<T>> {
         match self.post::<_, Vec<WireResult<W>>>("/v1/call", &call).await {
@@ -449,8 +450,8 @@ impl Instances for RemoteSim {
         nodes: &[Node],
     ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
         self.batch::<WireMaybeMetadata, _>(
-            Call::InstancesMetadata {
-                nodes: nodes.iter().map(WireNode::from).collect(),
+            CallRef::InstancesMetadata {
+                nodes: WireNodes(nodes),
             },
             nodes.len(),
         )
@@ -459,8 +460,8 @@ impl Instances for RemoteSim {
 
     async fn instances_status(&self, nodes: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
         self.batch::<WireStatus, _>(
-            Call::InstancesStatus {
-                nodes: nodes.iter().map(WireNode::from).collect(),
+            CallRef::InstancesStatus {
+                nodes: WireNodes(nodes),
             },
             nodes.len(),
         )
@@ -530,10 +531,10 @@ impl LoadBalancer for RemoteSim {
         service: &Service,
         nodes: &[Node],
     ) -> CloudResult<LoadBalancerStatus> {
-        self.call::<LoadBalancerStatus, _>(Call::EnsureLoadBalancer {
-            cluster: cluster.to_string(),
-            service: Box::new(service.clone()),
-            nodes: nodes.iter().map(WireNode::from).collect(),
+        self.call::<LoadBalancerStatus, _>(CallRef::EnsureLoadBalancer {
+            cluster,
+            service,
+            nodes: WireNodes(nodes),
         })
         .await
     }
@@ -544,10 +545,10 @@ impl LoadBalancer for RemoteSim {
         service: &Service,
         nodes: &[Node],
     ) -> CloudResult<()> {
-        self.call::<(), _>(Call::UpdateLoadBalancer {
-            cluster: cluster.to_string(),
-            service: Box::new(service.clone()),
-            nodes: nodes.iter().map(WireNode::from).collect(),
+        self.call::<(), _>(CallRef::UpdateLoadBalancer {
+            cluster,
+            service,
+            nodes: WireNodes(nodes),
         })
         .await
     }

@@ -37,7 +37,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::wire::{
     ACTOR_HEADER, Call, CallCount, DeleteRouteRequest, FaultRequest, MAX_BATCH_HEADER, WireError,
-    WireEvent, WireMaybeMetadata, WireResult, WireRoutes, WireStatus, nodes_of, to_wire,
+    WireEvent, WireMaybeMetadata, WireResult, WireRoutes, WireStatus, hosts_of_wire, nodes_of,
+    to_wire,
 };
 use crate::cloud::{InstanceSpec, SimCloud, SimError};
 use crate::faults::{Latency, Throttle};
@@ -183,7 +184,7 @@ async fn call(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respon
             service,
             nodes,
         } => reply(
-            sim.ensure_load_balancer(&cluster, &service, &nodes_of(nodes))
+            sim.ensure_load_balancer_hosts(&cluster, &service, hosts_of_wire(nodes))
                 .await,
         ),
         Call::UpdateLoadBalancer {
@@ -191,7 +192,7 @@ async fn call(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respon
             service,
             nodes,
         } => reply(
-            sim.update_load_balancer(&cluster, &service, &nodes_of(nodes))
+            sim.update_load_balancer_hosts(&cluster, &service, hosts_of_wire(nodes))
                 .await,
         ),
         Call::EnsureLoadBalancerDeleted { cluster, service } => {
