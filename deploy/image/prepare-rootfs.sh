@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Lays out the image's root filesystem from a built binary (target/release/ccm-controller-manager,
-# the CCM alone; the full `ccm` works too) installed as /usr/local/bin/ccm, the shared
+# Lays out the image's root filesystem from a built binary (target/dist/ccm-controller-manager,
+# the CCM alone, built with the `dist` profile; any build of it or of the full `ccm` works too) installed as /usr/local/bin/ccm, the shared
 # libraries ldd reports (with the dynamic loader), the CA bundle, a passwd/group entry for the
 # non-root user 65532 and a writable /tmp (service-account token files go there; the
 # Deployment mounts an emptyDir over it because the root filesystem is read-only).

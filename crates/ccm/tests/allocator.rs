@@ -4,33 +4,22 @@
 
 #![cfg(all(target_os = "linux", target_env = "gnu"))]
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use ccm_kube_sim::{Config, KubeSim};
 
-fn tmpdir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "ccm-allocator-{}-{}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).expect("dir");
-    dir
-}
+mod support;
+use support::{free_port, tmpdir};
 
 /// `GLIBC_TUNABLES` of the running CCM started with `preset` in its environment, read from
 /// /proc once the process has served its secure port (it re-executes before that).
 async fn tunables_of_running_ccm(preset: Option<&str>) -> Option<String> {
     let kube = KubeSim::start(Config::default()).await.expect("kube-sim");
-    let dir = tmpdir();
+    let dir = tmpdir("allocator");
     let kubeconfig = dir.join("kubeconfig");
     kube.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port");
+    let port = free_port();
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_ccm-controller-manager"));
     cmd.args([
         "--cloud-provider=sim",

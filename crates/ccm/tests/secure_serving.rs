@@ -3,7 +3,7 @@
 //! (SubjectAccessReview, decided by kube-sim's RBAC), certificates reloaded on rotation.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -13,22 +13,8 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, PostParams};
 
-fn tmpdir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "ccm-secure-{tag}-{}-{}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).expect("dir");
-    dir
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
+mod support;
+use support::{free_port, tmpdir};
 
 /// Starts `ccm run` against `kube` (no controllers needed: the secure port is the subject).
 fn spawn(kube: &KubeSim, dir: &Path, extra: &[String]) -> (tokio::process::Child, SocketAddr) {

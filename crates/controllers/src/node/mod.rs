@@ -53,9 +53,11 @@ pub const BACKOFF: Backoff = Backoff {
 };
 /// How long workers pause cloud calls after a throttled answer without a `retry_after` hint.
 pub const DEFAULT_THROTTLE_PAUSE: Duration = Duration::from_secs(1);
-/// Node writes one batch keeps in flight at once: enough to hide API latency, few enough not
-/// to flood the API server with a 500-node batch.
-const WRITE_CONCURRENCY: usize = 32;
+/// Node writes the controller keeps in flight at once, all batches together: the cloud-node
+/// client's own in-flight cap (`ccm_manager::client::NODE_INIT_IN_FLIGHT`). A write beyond it
+/// would only wait in the client's limiter holding its ~10 KiB request future; with a cap per
+/// batch (32 × 10 workers) a 1,000-Node burst kept ~320 of them alive, 3 MB of its peak heap.
+const WRITE_CONCURRENCY: usize = 64;
 
 /// Flags of the cloud-node controller, with upstream names and defaults where upstream has them.
 #[derive(Debug, Clone)]
@@ -273,6 +275,8 @@ struct Inner {
     /// event for a Node not found by name is looked up here, not by scanning every cached Node
     /// (a burst of N instance creations made that N² work: most of them precede their Node).
     failed_by_provider_id: Mutex<HashMap<String, String>>,
+    /// [`WRITE_CONCURRENCY`] permits, shared by every batch, label fix and address refresh.
+    writes: Semaphore,
     busy: Arc<AtomicUsize>,
 }
 
@@ -348,6 +352,7 @@ impl CloudNodeController {
                 pacing: Mutex::default(),
                 initialized: Mutex::default(),
                 failed_by_provider_id: Mutex::default(),
+                writes: Semaphore::new(WRITE_CONCURRENCY),
                 busy: Arc::new(AtomicUsize::new(0)),
             }),
         })
@@ -525,14 +530,13 @@ impl Inner {
             match self.shared.nodes.get(key) {
                 None => self.queue.forget(key),
                 Some(n) if self.is_stale(&n) => self.queue.forget(key),
-                Some(n) if has_taint(&n, TAINT_UNINITIALIZED) => init.push((*n).clone()),
-                Some(n) => labels.push((*n).clone()),
+                Some(n) if has_taint(&n, TAINT_UNINITIALIZED) => init.push(n),
+                Some(n) => labels.push(n),
             }
         }
-        let sem = Semaphore::new(WRITE_CONCURRENCY);
-        let label_work = join_all(labels.into_iter().map(|n| async {
-            let _permit = sem.acquire().await;
-            self.reconcile_labels(n).await
+        let label_work = join_all(labels.into_iter().map(|n| async move {
+            let _permit = self.writes.acquire().await;
+            self.reconcile_labels((*n).clone()).await
         }));
         let init_work = self.initialize(init);
         tokio::join!(label_work, init_work);
@@ -572,13 +576,21 @@ impl Inner {
     }
 
     /// One cloud call for the whole batch, then the writes per Node.
-    async fn initialize(&self, nodes: Vec<Node>) {
+    ///
+    /// The Nodes are the cache's `Arc`s: a waiting Node's future holds 8 bytes of it instead
+    /// of a ~1.4 KiB `Node` (plus its strings). Copies exist only for the cloud call (whose API
+    /// takes a slice of Nodes) and inside a write slot.
+    async fn initialize(&self, nodes: Vec<Arc<Node>>) {
         if nodes.is_empty() {
             return;
         }
         self.wait_throttle().await;
-        let mut results = self.instances.instances_metadata(&nodes).await.into_iter();
-        let work: Vec<(Node, CloudResult<Option<InstanceMetadata>>)> = nodes
+        let results = {
+            let copies: Vec<Node> = nodes.iter().map(|n| (**n).clone()).collect();
+            self.instances.instances_metadata(&copies).await
+        };
+        let mut results = results.into_iter();
+        let work: Vec<(Arc<Node>, CloudResult<Option<InstanceMetadata>>)> = nodes
             .into_iter()
             .map(|n| {
                 let r = results.next().unwrap_or_else(|| {
@@ -589,11 +601,12 @@ impl Inner {
                 (n, r)
             })
             .collect();
-        let sem = Semaphore::new(WRITE_CONCURRENCY);
         join_all(work.into_iter().map(|(node, res)| async {
             // Each Node waits for its own route only, and holds no write slot meanwhile.
-            self.wait_for_route(&node, &res).await;
-            let _permit = sem.acquire().await;
+            // Boxed: the wait (timer, channel, select) would otherwise be part of every
+            // Node's future from the start, though most Nodes find their route already made.
+            Box::pin(self.wait_for_route(&node, &res)).await;
+            let _permit = self.writes.acquire().await;
             // Boxed: the write future (API requests, retries) is ~13 KiB, and a 1,000-Node
             // batch keeps every Node's future alive while it waits; unboxed, each waiting
             // Node would reserve that space (13 MB of a 1,000-Node burst's peak heap).
@@ -662,7 +675,7 @@ impl Inner {
         Some(conditions)
     }
 
-    async fn finish(&self, node: Node, res: CloudResult<Option<InstanceMetadata>>) {
+    async fn finish(&self, node: Arc<Node>, res: CloudResult<Option<InstanceMetadata>>) {
         let key = name(&node);
         let meta = match res {
             Ok(Some(m)) => m,
@@ -682,7 +695,7 @@ impl Inner {
                 );
             }
         };
-        let node = self.freshest(node);
+        let node = self.freshest(&node);
         match self.initialize_one(node.clone(), &meta).await {
             Ok(Some(updated)) => {
                 self.queue.forget(&key);
@@ -717,10 +730,10 @@ impl Inner {
     /// The cached copy of `node` when it is the same object: the kubelet's status write
     /// usually lands while the batch waits for the cloud and the route, and writing with the
     /// batch's older resourceVersion would cost a conflict, a GET and a second PATCH.
-    fn freshest(&self, node: Node) -> Node {
-        match self.shared.nodes.get(&name(&node)) {
+    fn freshest(&self, node: &Node) -> Node {
+        match self.shared.nodes.get(&name(node)) {
             Some(cached) if cached.metadata.uid == node.metadata.uid => (*cached).clone(),
-            _ => node,
+            _ => node.clone(),
         }
     }
 
@@ -845,7 +858,6 @@ impl Inner {
             chunks.push(rest.by_ref().take(self.batch_max).collect());
         }
         let calls = Semaphore::new(self.config.status_workers());
-        let writes = Semaphore::new(WRITE_CONCURRENCY);
         join_all(chunks.into_iter().map(|chunk| async {
             let _permit = calls.acquire().await;
             self.wait_throttle().await;
@@ -854,7 +866,7 @@ impl Inner {
             }
             let results = self.instances.instances_metadata(&chunk).await;
             join_all(chunk.into_iter().zip(results).map(|(node, res)| async {
-                let _permit = writes.acquire().await;
+                let _permit = self.writes.acquire().await;
                 // Boxed, as in `initialize`: unboxed, every Node of the chunk would hold the
                 // write path's ~13 KiB future while waiting for a permit (~11 MB transient
                 // for 1,000 Nodes every refresh, of which ~4 MB stayed in RSS).

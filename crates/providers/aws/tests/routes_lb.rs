@@ -490,6 +490,21 @@ async fn an_idle_cluster_costs_only_the_batched_address_refresh() -> anyhow::Res
 /// Load balancers in the fifty-LB test, every second one an NLB.
 const MANY_LBS: usize = 50;
 
+/// Waits until each of the `MANY_LBS` load balancers has exactly `nodes` backends.
+async fn every_lb_has(world: &AwsWorld, nodes: usize, timeout: Duration) -> anyhow::Result<()> {
+    let what = format!("every LB with {nodes} nodes");
+    wait_for(&what, timeout, || async {
+        let b = backends(world).await?;
+        let full = b.iter().filter(|n| **n == nodes).count();
+        Ok(if full == MANY_LBS {
+            Ok(())
+        } else {
+            Err(format!("{full}/{MANY_LBS}: {b:?}"))
+        })
+    })
+    .await
+}
+
 /// Each LB's backends: instances of a Classic ELB, or targets of each NLB target group.
 async fn backends(world: &AwsWorld) -> anyhow::Result<Vec<usize>> {
     let mut out: Vec<usize> = world
@@ -530,20 +545,7 @@ async fn fifty_load_balancers_half_nlb_fit_one_node_group_and_take_a_joining_nod
             .create_service(&format!("svc-{i}"), ann, &[80])
             .await?;
     }
-    wait_for(
-        "every LB with both nodes",
-        Duration::from_secs(240),
-        || async {
-            let b = backends(&world).await?;
-            let full = b.iter().filter(|n| **n == 2).count();
-            Ok(if full == MANY_LBS {
-                Ok(())
-            } else {
-                Err(format!("{full}/{MANY_LBS}: {b:?}"))
-            })
-        },
-    )
-    .await?;
+    every_lb_has(&world, 2, Duration::from_secs(240)).await?;
     for i in 0..MANY_LBS {
         let name = format!("svc-{i}");
         let svc = cluster
@@ -565,20 +567,7 @@ async fn fifty_load_balancers_half_nlb_fit_one_node_group_and_take_a_joining_nod
     let before = aws.metrics().snapshot();
     let joined = world.run_instances(1, 0).await?;
     cluster.add_node(&joined[0].1, &pod_cidr(2)).await?;
-    wait_for(
-        "every LB with the new node",
-        Duration::from_secs(120),
-        || async {
-            let b = backends(&world).await?;
-            let full = b.iter().filter(|n| **n == 3).count();
-            Ok(if full == MANY_LBS {
-                Ok(())
-            } else {
-                Err(format!("{full}/{MANY_LBS}: {b:?}"))
-            })
-        },
-    )
-    .await?;
+    every_lb_has(&world, 3, Duration::from_secs(120)).await?;
     // The route and any lagging update settle.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = aws.metrics().snapshot();
