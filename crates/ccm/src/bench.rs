@@ -744,7 +744,7 @@ async fn burst_on(
             let deadline = Instant::now() + opts.timeout.0;
             while Instant::now() < deadline {
                 tl.push((t0.elapsed().as_secs_f64(), init.count()));
-                if routes_at.is_none() && env.cluster.cloud.routes().len() >= n {
+                if routes_at.is_none() && env.cluster.cloud.route_count() >= n {
                     routes_at = Some(t0.elapsed().as_secs_f64());
                 }
                 if routes_at.is_some() && init.count() >= n {
@@ -1001,8 +1001,8 @@ async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     let t1 = Instant::now();
     env.cluster.add_node(opts.nodes).await?;
     let joined = wait_until(opts.timeout.0, || async {
-        let lbs = env.cluster.cloud.load_balancers();
-        Ok(lbs.len() == m && lbs.iter().all(|lb| lb.hosts.len() == n + 1))
+        let hosts = env.cluster.cloud.load_balancer_host_counts();
+        Ok(hosts.len() == m && hosts.iter().all(|h| *h == n + 1))
     })
     .await?;
     converged &= joined;

@@ -332,8 +332,8 @@ impl SimCluster {
         let services = services.list(&ListParams::default()).await?.items;
         let mut s = ClusterState {
             nodes: nodes.len(),
-            routes: self.cloud.routes().len(),
-            cloud_lbs: self.cloud.load_balancers().len(),
+            routes: self.cloud.route_count(),
+            cloud_lbs: self.cloud.load_balancer_host_counts().len(),
             ..Default::default()
         };
         for n in &nodes {

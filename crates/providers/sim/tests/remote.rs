@@ -57,16 +57,19 @@ async fn remote_client_shares_the_cloud_and_is_named_in_the_log() {
     .await
     .expect("update");
     assert_eq!(sim.load_balancers()[0].hosts, ["n1", "n3"]);
+    assert_eq!(sim.load_balancer_host_counts(), [2]);
 
     let route = Route {
         target_node: "n1".into(),
         destination_cidr: "10.244.1.0/24".into(),
         ..Default::default()
     };
+    assert_eq!(sim.route_count(), 0);
     routes
         .create_route("c", "uid-1", &route)
         .await
         .expect("create");
+    assert_eq!(sim.route_count(), 1);
     assert!(matches!(
         routes.create_route("c", "uid-1", &route).await,
         Err(CloudError::Permanent(m)) if m.starts_with("RouteAlreadyExists")
