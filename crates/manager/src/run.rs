@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::{
     MAX_IN_FLIGHT, NODE_INIT_IN_FLIGHT, RateLimitLayer, USER_AGENT_BASE, build_metered_client,
-    build_metered_client_in_flight, load_config,
+    build_metered_client_in_flight, load_config, service_in_flight,
 };
 use crate::client_metrics::RestClientMetrics;
 use crate::leader::{LeaderElectionConfig, LeaderElector, LeaderStatus};
@@ -458,8 +458,8 @@ async fn start_controllers(
     start_pause(o, tasks.len()).await;
     let name = "service-lb-controller";
     if v.controllers.enabled(name) {
-        let client =
-            client_for("service-controller", "service-lb-controller", MAX_IN_FLIGHT).await?;
+        let in_flight = service_in_flight(o.concurrent_service_syncs as usize);
+        let client = client_for("service-controller", "service-lb-controller", in_flight).await?;
         let drift = o.service_drift_check_period.0;
         let cfg = ServiceConfig {
             concurrent_service_syncs: o.concurrent_service_syncs as usize,
