@@ -36,6 +36,7 @@ enum Command {
 
 fn main() -> ExitCode {
     ccm_manager::app::use_one_malloc_arena();
+    ccm_manager::app::exit_on_panic();
     let cli = Cli::parse();
     let opts = match cli.command {
         Some(Command::Run(opts)) => *opts,

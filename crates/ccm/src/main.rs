@@ -78,6 +78,7 @@ fn main() -> ExitCode {
     let cli = parse_cli();
     if matches!(cli.command, None | Some(Command::Run(_))) {
         ccm_manager::app::use_one_malloc_arena();
+        ccm_manager::app::exit_on_panic();
     }
     ccm_manager::app::block_on(async move {
         match cli.command {

@@ -141,8 +141,9 @@ struct Written {
 /// 5,000-node burst quadratic).
 #[derive(Default)]
 struct Dedup {
-    written: HashMap<Key, Written>,
-    order: VecDeque<(Instant, Key)>,
+    // The queue shares each key with the map rather than holding a second copy.
+    written: HashMap<Arc<Key>, Written>,
+    order: VecDeque<(Instant, Arc<Key>)>,
 }
 
 impl Dedup {
@@ -154,17 +155,20 @@ impl Dedup {
 
     /// Remembers a new Event (count 1) or a repeat's new count.
     fn record(&mut self, key: Key, name: String, count: i32, first_seen: Instant) {
-        if count == 1 {
-            self.order.push_back((first_seen, key.clone()));
+        let written = Written {
+            name,
+            count,
+            first_seen,
+        };
+        if count > 1
+            && let Some(w) = self.written.get_mut(&key)
+        {
+            *w = written;
+            return;
         }
-        self.written.insert(
-            key,
-            Written {
-                name,
-                count,
-                first_seen,
-            },
-        );
+        let key = Arc::new(key);
+        self.order.push_back((first_seen, key.clone()));
+        self.written.insert(key, written);
     }
 
     fn expire(&mut self, now: Instant) {

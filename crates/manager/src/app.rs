@@ -34,9 +34,11 @@ pub struct Command {
 }
 
 /// Parses the process arguments and runs until SIGTERM (exit 0), lost leadership (exit 1) or a
-/// startup error (exit 1, the error on stderr). Bad flags exit 2 with clap's message.
+/// startup error (exit 1, the error on stderr). Bad flags exit 2 with clap's message, and so
+/// does a panic ([`exit_on_panic`]).
 pub fn main(providers: ProviderRegistry) -> ExitCode {
     use_one_malloc_arena();
+    exit_on_panic();
     let cmd = Command::parse();
     block_on(run(cmd.options, &providers))
 }
@@ -80,6 +82,24 @@ pub fn use_one_malloc_arena() {
             "warning: could not restart with {GLIBC_TUNABLES}={ONE_MALLOC_ARENA} ({err}); running with glibc's default malloc arenas"
         );
     }
+}
+
+/// Exit code of a process ended by a panic: what a Go program's unrecovered panic exits with.
+pub const PANIC_EXIT_CODE: i32 = 2;
+
+/// Makes a panic anywhere, on any task or thread, end the process (exit 2, after the usual
+/// panic message). Call it first thing in `main` of a long-running CCM.
+///
+/// Why: Tokio catches a panic in a spawned task and only the task ends, so a controller whose
+/// worker panicked would stop reconciling while the process looked healthy. Upstream's Go CCM
+/// crashes on a panic and the kubelet restarts it; the image's `dist` build (panic = abort)
+/// does the same, and this gives every other build that behaviour.
+pub fn exit_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::exit(PANIC_EXIT_CODE);
+    }));
 }
 
 /// Runs `fut` on a fresh multi-threaded runtime, turning errors into exit code 1.
@@ -163,4 +183,37 @@ pub fn spawn_signal_handler(token: CancellationToken) {
         }
         token.cancel();
     });
+}
+
+#[cfg(test)]
+mod panic_tests {
+    use super::*;
+
+    const CHILD: &str = "CCM_TEST_PANIC_CHILD";
+
+    #[test]
+    fn a_panicking_task_ends_the_process() {
+        if std::env::var_os(CHILD).is_some() {
+            exit_on_panic();
+            let rt = tokio::runtime::Runtime::new().expect("runtime");
+            rt.block_on(async {
+                drop(tokio::spawn(async { panic!("a controller bug") }));
+                tokio::time::sleep(std::time::Duration::from_secs(20)).await;
+            });
+            return;
+        }
+        let exe = std::env::current_exe().expect("test binary");
+        let out = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "--nocapture",
+                "app::panic_tests::a_panicking_task_ends_the_process",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .expect("child runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(PANIC_EXIT_CODE), "{stderr}");
+        assert!(stderr.contains("a controller bug"), "{stderr}");
+    }
 }
