@@ -4,36 +4,21 @@
 
 #![cfg(all(target_os = "linux", target_env = "gnu"))]
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use ccm_kube_sim::{Config, KubeSim};
 
 mod support;
-use support::{free_port, tmpdir};
+use support::{ccm_command, tmpdir};
 
 /// `GLIBC_TUNABLES` of the running CCM started with `preset` in its environment, read from
 /// /proc once the process has served its secure port (it re-executes before that).
 async fn tunables_of_running_ccm(preset: Option<&str>) -> Option<String> {
     let kube = KubeSim::start(Config::default()).await.expect("kube-sim");
     let dir = tmpdir("allocator");
-    let kubeconfig = dir.join("kubeconfig");
-    kube.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let port = free_port();
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_ccm-controller-manager"));
-    cmd.args([
-        "--cloud-provider=sim",
-        "--controllers=-route",
-        "--leader-elect=false",
-        "--bind-address=127.0.0.1",
-    ])
-    .arg(format!("--secure-port={port}"))
-    .arg(format!("--kubeconfig={}", kubeconfig.display()))
-    .arg(format!("--cert-dir={}", dir.join("certs").display()))
-    .env_remove("GLIBC_TUNABLES")
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .kill_on_drop(true);
+    let (mut cmd, port) = ccm_command(env!("CARGO_BIN_EXE_ccm-controller-manager"), &kube, &dir);
+    cmd.arg(format!("--cert-dir={}", dir.join("certs").display()))
+        .env_remove("GLIBC_TUNABLES");
     if let Some(v) = preset {
         cmd.env("GLIBC_TUNABLES", v);
     }

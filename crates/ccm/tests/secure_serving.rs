@@ -14,26 +14,14 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, PostParams};
 
 mod support;
-use support::{free_port, tmpdir};
+use support::{ccm_command, free_port, tmpdir};
 
 /// Starts `ccm run` against `kube` (no controllers needed: the secure port is the subject).
 fn spawn(kube: &KubeSim, dir: &Path, extra: &[String]) -> (tokio::process::Child, SocketAddr) {
-    let kubeconfig = dir.join("kubeconfig");
-    kube.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let port = free_port();
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ccm"))
-        .args([
-            "--cloud-provider=sim",
-            "--controllers=-route",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-        ])
-        .arg(format!("--secure-port={port}"))
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+    let (mut cmd, port) = ccm_command(env!("CARGO_BIN_EXE_ccm"), kube, dir);
+    let child = cmd
         .args(extra)
-        .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn");
     (child, SocketAddr::from(([127, 0, 0, 1], port)))
