@@ -246,9 +246,11 @@ pub struct RunOptions {
     #[arg(long, default_value_t = 500.0, help_heading = "Generic flags")]
     pub kube_api_qps: f64,
 
-    /// Burst for `--kube-api-qps`. ccm-rs: 2000 (upstream CCM: 30): room for a 1,000-node
-    /// scale-up (2 writes per Node) to initialize at API-server speed.
-    #[arg(long, default_value_t = 2000, help_heading = "Generic flags")]
+    /// Burst for `--kube-api-qps`. ccm-rs: 12000 (upstream CCM: 30): room for a 5,000-node
+    /// scale-up (Kubernetes' largest supported cluster; 2 writes per Node, plus a fifth for
+    /// conflict retries) to initialize at API-server speed; a runaway loop is still held to
+    /// `--kube-api-qps` once the burst is spent.
+    #[arg(long, default_value_t = 12000, help_heading = "Generic flags")]
     pub kube_api_burst: u32,
 
     /// Pause between starting controllers (jittered up to 2x, as upstream).
