@@ -132,6 +132,10 @@ pub struct BenchOptions {
     /// calibrated). Ignored with --kubeconfig.
     #[arg(long = "api-cost", value_enum)]
     pub api_cost: Vec<ApiCost>,
+    /// Multiplies the calibrated model's server CPU per request: to re-calibrate it against
+    /// another machine's kube-apiserver, or to ask how the figures move with a slower server.
+    #[arg(long, default_value_t = 1.0)]
+    pub api_cost_scale: f64,
     /// Nodes registering at once in the scale scenario.
     #[arg(long, default_value_t = 5000)]
     pub scale_nodes: u32,
@@ -383,7 +387,7 @@ impl Env {
             None => SimCluster::start(cloud.clone()).await?,
         };
         if let Some(kube) = &cluster.kube {
-            kube.set_cost_model(opts.cost.model());
+            kube.set_cost_model(opts.cost.model().cpu_scaled(opts.api_cost_scale));
         }
         let server = SimServer::start(cloud, SocketAddr::from(([127, 0, 0, 1], 0))).await?;
         let dir = cluster

@@ -168,6 +168,41 @@ async fn a_service_ensured_after_a_join_gets_the_new_node() {
     env.kube.shutdown().await;
 }
 
+/// A Node joining a quiet cluster reaches every load balancer at once, whatever the node
+/// sync window (here an hour): the window only spaces passes that changed load balancers, so
+/// a second join right after the first waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_join_reaches_the_load_balancers_without_waiting_for_the_window() {
+    let env = Env::new(43).await;
+    env.add_node("a", json!({})).await;
+    let mut cfg = config();
+    cfg.node_sync_window = Duration::from_secs(3600);
+    let run = start(&env, cfg);
+    let svc = env
+        .services()
+        .create(&PostParams::default(), &lb_service("web", &[80]))
+        .await
+        .expect("create");
+    wait_for("the LB", || async { env.lb_of(&svc).is_some() }).await;
+
+    env.add_node("b", json!({})).await;
+    wait_for(
+        "b behind the LB before the hour-long window ends",
+        || async { env.lb_of(&svc).is_some_and(|lb| lb.hosts == ["a", "b"]) },
+    )
+    .await;
+
+    env.add_node("c", json!({})).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        env.lb_of(&svc).expect("lb").hosts,
+        ["a", "b"],
+        "a join within the window of a pass that updated LBs waits for the window"
+    );
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
 fn lb_service(name: &str, ports: &[i32]) -> Service {
     let ports: Vec<_> = ports
         .iter()

@@ -24,6 +24,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -209,6 +210,7 @@ impl KubeSim {
             bookmark_interval: cfg.bookmark_interval,
             default_watch_timeout: cfg.watch_timeout,
             server_address: RwLock::new(addr.to_string()),
+            connections: Default::default(),
             cost: RwLock::new(Arc::new(cfg.cost.clone())),
         });
         let acceptor = match &tls {
@@ -390,6 +392,15 @@ impl KubeSim {
             .sum()
     }
 
+    /// Client connections open now (TLS ones counted once their handshake succeeded): how a
+    /// test sees whether a client multiplexes its requests on one connection (HTTP/2) or keeps
+    /// one per request it had in flight (HTTP/1.1), as an API server's connection count would.
+    pub fn open_connections(&self) -> u64 {
+        self.shared
+            .connections
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Changes what each request costs from now on (see [`cost::CostModel`]).
     pub fn set_cost_model(&self, model: cost::CostModel) {
         *self.shared.cost.write() = Arc::new(model);
@@ -480,6 +491,7 @@ async fn accept_loop(
         let shared = shared.clone();
         let tls = tls.clone();
         conns.spawn(async move {
+            let accepted = shared.clone();
             let svc =
                 hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                     let s = shared.clone();
@@ -490,6 +502,7 @@ async fn accept_loop(
             let res = match tls {
                 Some(acc) => match acc.accept(stream).await {
                     Ok(s) => {
+                        let _open = OpenConnection::new(&accepted);
                         builder
                             .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
                             .await
@@ -500,6 +513,7 @@ async fn accept_loop(
                     }
                 },
                 None => {
+                    let _open = OpenConnection::new(&accepted);
                     builder
                         .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
                         .await
@@ -511,6 +525,22 @@ async fn accept_loop(
         });
     }
     conns.shutdown().await;
+}
+
+/// Counts a connection as open for as long as it lives.
+struct OpenConnection(Arc<Shared>);
+
+impl OpenConnection {
+    fn new(shared: &Arc<Shared>) -> Self {
+        shared.connections.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(shared.clone())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Parses durations like `250ms`, `2s`, `1m` (flags).

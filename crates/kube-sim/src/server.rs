@@ -44,6 +44,8 @@ pub(crate) struct Shared {
     pub server_address: RwLock<String>,
     /// Per-request server CPU and commit latency (free by default).
     pub cost: RwLock<Arc<crate::cost::CostModel>>,
+    /// Connections open now (counted once their TLS handshake succeeded, when serving TLS).
+    pub connections: std::sync::atomic::AtomicU64,
 }
 
 /// Query parameters, percent-decoded.

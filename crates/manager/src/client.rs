@@ -209,11 +209,15 @@ fn build(
         USER_AGENT,
         HeaderValue::from_str(user_agent).context("user agent")?,
     ));
-    let builder =
-        kube::client::ClientBuilder::try_from(config).context("building the Kubernetes client")?;
-    // Bounded requests in flight per client: over HTTP/1.1 every concurrent request is a
-    // connection, and a burst of hundreds of parallel writes would leave hundreds of idle
-    // connections (and their buffers) behind. 64 in flight still moves thousands of writes/s.
+    let builder = match crate::http2::builder(&config)? {
+        Some(builder) => builder,
+        None => kube::client::ClientBuilder::try_from(config)
+            .context("building the Kubernetes client")?,
+    };
+    // Bounded requests in flight per client: the API server's share of this client, and over
+    // HTTP/1.1 (plain-HTTP servers) every concurrent request is a connection, so a burst of
+    // hundreds of parallel writes would leave hundreds of idle connections (and their buffers)
+    // behind. 64 in flight still moves thousands of writes/s.
     let builder = builder.with_layer(&tower::limit::ConcurrencyLimitLayer::new(in_flight.max(1)));
     Ok(match metrics {
         Some(m) => builder

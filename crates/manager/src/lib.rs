@@ -9,6 +9,7 @@ pub mod auth;
 pub mod client;
 pub mod client_metrics;
 pub mod expfmt;
+mod http2;
 pub mod leader;
 pub mod logging;
 pub mod options;

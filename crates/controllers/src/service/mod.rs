@@ -68,9 +68,9 @@ pub struct ServiceConfig {
     /// `None` (off, as upstream, which has no periodic reconcile — k/k #34660): each pass costs
     /// one cloud call per LoadBalancer Service. Something like 10 minutes is a sensible value.
     pub drift_check_period: Option<Duration>,
-    /// How long a node sync waits after the first Node change to gather more, so a burst of
-    /// Node changes costs one pass over the Services. Default 1s (upstream's node worker runs
-    /// once a second).
+    /// The least time between two node syncs that updated load balancers: a Node change is
+    /// acted on at once, but one arriving within this window of such a pass waits for the
+    /// window's end, so a burst of Node changes costs one pass per window. Default 1s.
     pub node_sync_window: Duration,
 }
 
@@ -782,13 +782,22 @@ impl Inner {
 
     // ---- node sync -------------------------------------------------------------------------
 
+    /// Node changes are acted on at once, as upstream's node worker does: a lone join reaches
+    /// every load balancer one cloud round trip after it. Only a pass that changed load
+    /// balancers opens the window: changes arriving within `node_sync_window` of it wait for
+    /// its end and then go out together, so a burst of joins costs one pass per window instead
+    /// of one per Node. (It used to wait the window after every first change: a join reached
+    /// 200 LBs after 1.1–1.2 s instead of ~0.15 s.)
     async fn node_worker(&self) {
-        while let Some(batch) = self
-            .node_queue
-            .get_batch(usize::MAX, self.config.node_sync_window)
-            .await
-        {
-            self.sync_nodes().await;
+        let mut last_update: Option<Instant> = None;
+        while let Some(batch) = self.node_queue.get_batch(usize::MAX, Duration::ZERO).await {
+            if let Some(due) = last_update.map(|t| t + self.config.node_sync_window) {
+                tokio::time::sleep_until(due).await;
+            }
+            let started = Instant::now();
+            if self.sync_nodes().await > 0 {
+                last_update = Some(started);
+            }
             for k in &batch {
                 self.node_queue.done(k);
             }
@@ -796,8 +805,9 @@ impl Inner {
     }
 
     /// Upstream `syncNodes`: for every cached LB Service, `UpdateLoadBalancer` if its node set
-    /// changed, `concurrent_service_syncs` at a time, each under the Service's lock.
-    async fn sync_nodes(&self) {
+    /// changed, `concurrent_service_syncs` at a time, each under the Service's lock. Returns
+    /// how many load balancers it updated (or tried to).
+    async fn sync_nodes(&self) -> usize {
         let start = Instant::now();
         let keys: Vec<String> = self
             .state
@@ -808,36 +818,45 @@ impl Inner {
             .collect();
         if keys.is_empty() {
             // No LoadBalancer Service: nothing to update, and no node list worth building.
-            return;
+            return 0;
         }
         let (nodes, set) = self.lb_nodes();
         tracing::debug!(services = keys.len(), nodes = nodes.len(), "node sync");
+        let updated = AtomicUsize::new(0);
         futures::stream::iter(keys)
             .for_each_concurrent(self.config.concurrent_service_syncs, |key| {
-                let (nodes, set) = (nodes.clone(), set.clone());
-                async move { self.node_sync_service(&key, &nodes, &set).await }
+                let (nodes, set, updated) = (nodes.clone(), set.clone(), &updated);
+                async move {
+                    if self.node_sync_service(&key, &nodes, &set).await {
+                        updated.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             })
             .await;
         self.metrics
             .nodesync_latency
             .observe(start.elapsed().as_secs_f64());
+        updated.into_inner()
     }
 
-    async fn node_sync_service(&self, key: &str, nodes: &[Node], set: &Arc<NodeSet>) {
+    /// Whether it called `UpdateLoadBalancer`.
+    async fn node_sync_service(&self, key: &str, nodes: &[Node], set: &Arc<NodeSet>) -> bool {
         let _guard = self.locks.lock(key).await;
         // Decide under the lock: a sync that ran meanwhile may already have sent this set.
         let svc = {
             let mut state = self.state.lock();
-            let Some(s) = state.get_mut(key) else { return };
+            let Some(s) = state.get_mut(key) else {
+                return false;
+            };
             if !wants_load_balancer(&s.cached) || planner::needs_cleanup(&s.cached) {
-                return;
+                return false;
             }
             // Never ensured yet: the pending ensure will use the current set.
             let Some(old) = &s.last_synced_nodes else {
-                return;
+                return false;
             };
             if !node_set_changed(old, set) {
-                return;
+                return false;
             }
             s.last_synced_nodes = Some(set.clone());
             s.cached.clone()
@@ -876,7 +895,7 @@ impl Inner {
                     .get_load_balancer(&self.shared.cluster_name, &svc)
                     .await
                 {
-                    return;
+                    return true;
                 }
                 let names: Vec<String> = set.keys().cloned().collect();
                 self.event(
@@ -890,6 +909,7 @@ impl Inner {
                 self.queue.add(key.to_string());
             }
         }
+        true
     }
 
     // ---- drift check -----------------------------------------------------------------------
