@@ -9,7 +9,7 @@
 //! ```
 //!
 //! It takes minutes on moto, so it is an example, not a test: `cargo test` builds it (so it
-//! keeps compiling) but does not run it; the tests bound the same counts at 400 Nodes.
+//! keeps compiling) but does not run it; `tests/instances.rs` bounds the burst at 1,000 Nodes.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
