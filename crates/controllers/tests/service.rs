@@ -135,8 +135,9 @@ fn start_shared(env: &Env, config: ServiceConfig) -> (Running, Shared) {
 }
 
 /// The LB node list is reused between Services while the node cache is unchanged, and rebuilt
-/// once it changes: a Service ensured after a Node joined gets that Node even before any node
-/// sync has run (here none can: the node sync window is an hour).
+/// once it changes: a Service ensured after a Node joined gets that Node even while no node
+/// sync can run (the join of `c` made a pass that updated LBs, and the window after it is an
+/// hour, so the later join of `b` waits for it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_ensured_after_a_join_gets_the_new_node() {
     let env = Env::new(41).await;
@@ -151,6 +152,11 @@ async fn a_service_ensured_after_a_join_gets_the_new_node() {
         .expect("create");
     wait_for("first LB", || async { env.lb_of(&first).is_some() }).await;
     assert_eq!(env.lb_of(&first).expect("lb").hosts, ["a"]);
+    env.add_node("c", json!({})).await;
+    wait_for("c behind the first LB (a pass that opens the window)", || async {
+        env.lb_of(&first).is_some_and(|lb| lb.hosts == ["a", "c"])
+    })
+    .await;
 
     env.add_node("b", json!({})).await;
     wait_for("b in the controller's cache", || async {
@@ -163,7 +169,12 @@ async fn a_service_ensured_after_a_join_gets_the_new_node() {
         .await
         .expect("create");
     wait_for("second LB", || async { env.lb_of(&second).is_some() }).await;
-    assert_eq!(env.lb_of(&second).expect("lb").hosts, ["a", "b"]);
+    assert_eq!(env.lb_of(&second).expect("lb").hosts, ["a", "b", "c"]);
+    assert_eq!(
+        env.lb_of(&first).expect("lb").hosts,
+        ["a", "c"],
+        "no node sync ran: b reached the second LB through its ensure"
+    );
     run.stop().await;
     env.kube.shutdown().await;
 }
