@@ -28,7 +28,7 @@
 pub mod limiter;
 pub mod planner;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -461,15 +461,7 @@ pub struct RouteController {
     /// successful creates and deletes since. `None` before the first listing and after any
     /// failed cloud call (the cloud's state is then unknown until the next listing).
     known: Mutex<Option<Vec<ccm_cloud::Route>>>,
-    /// The planner's view of each cached Node with the object it was built from: a Node the
-    /// cache still holds as the same `Arc` (unchanged since) keeps its view. Every watch-mode
-    /// sync plans over every Node; building all the views again was a fifth of the CCM's CPU
-    /// in a 5,000-node burst whose Nodes arrived a few per sync.
-    views: Mutex<ViewCache>,
 }
-
-/// Node name → the cached Node a planner view was built from, and the view.
-type ViewCache = HashMap<String, (Arc<Node>, Arc<NodeView>)>;
 
 /// What executing one plan did.
 #[derive(Debug, Default)]
@@ -561,7 +553,6 @@ impl RouteController {
             queue_shutdown,
             tracks_addresses: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             known: Mutex::new(None),
-            views: Mutex::default(),
         })
     }
 
@@ -772,25 +763,14 @@ impl RouteController {
         Ok(self.apply(&plan, managed, false).await.unwrap_or_default())
     }
 
-    /// The cached Nodes as the planner sees them (views of unchanged Nodes reused).
-    fn node_views(&self) -> Vec<Arc<NodeView>> {
-        let nodes = self.shared.nodes.list();
-        let mut old = self.views.lock();
-        let mut next = HashMap::with_capacity(nodes.len());
-        let views = nodes
-            .into_iter()
-            .map(|node| {
-                let name = node.metadata.name.as_deref().unwrap_or_default();
-                let (key, view) = match old.remove_entry(name) {
-                    Some((key, (seen, view))) if Arc::ptr_eq(&seen, &node) => (key, view),
-                    _ => (name.to_string(), Arc::new(NodeView::from_node(&node))),
-                };
-                next.insert(key, (node, view.clone()));
-                view
-            })
-            .collect();
-        *old = next;
-        views
+    /// The cached Nodes as the planner sees them.
+    fn node_views(&self) -> Vec<NodeView> {
+        self.shared
+            .nodes
+            .list()
+            .iter()
+            .map(|n| NodeView::from_node(n))
+            .collect()
     }
 
     /// The fast path's plan: against the known listing, when all it has to do is create routes
@@ -798,7 +778,7 @@ impl RouteController {
     /// the cloud-node controller folds into its own write: no write here). Anything that
     /// deletes, or writes another node's condition, is left to a sync that lists: the known
     /// listing may miss blackholes and changes made behind the controller's back.
-    fn plan_from_known(&self, nodes: &[Arc<NodeView>]) -> Option<(RoutePlan, i64)> {
+    fn plan_from_known(&self, nodes: &[NodeView]) -> Option<(RoutePlan, i64)> {
         let known = self.known.lock();
         let routes = known.as_ref()?;
         let cidrs = &self.config.cluster_cidrs;

@@ -245,15 +245,10 @@ enum Action {
 }
 
 /// Plans one sync. Pure: the same inputs give the same plan. `nodes` in any order (the plan is
-/// ordered by node name), as views or as anything holding one (the controller passes the
-/// `Arc`s it keeps between syncs); `routes` in the provider's order (the first route decides
+/// ordered by node name); `routes` in the provider's order (the first route decides
 /// [`RoutePlan::deletes_before_creates`], as upstream).
-pub fn plan<N: std::borrow::Borrow<NodeView>>(
-    nodes: &[N],
-    routes: &[Route],
-    cluster_cidrs: &[IpNet],
-) -> RoutePlan {
-    let mut sorted: Vec<&NodeView> = nodes.iter().map(|n| n.borrow()).collect();
+pub fn plan(nodes: &[NodeView], routes: &[Route], cluster_cidrs: &[IpNet]) -> RoutePlan {
+    let mut sorted: Vec<&NodeView> = nodes.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
 
     // Routes by target node; blackholes we are about to delete do not count as a node's route.
