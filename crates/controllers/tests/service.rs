@@ -153,9 +153,10 @@ async fn a_service_ensured_after_a_join_gets_the_new_node() {
     wait_for("first LB", || async { env.lb_of(&first).is_some() }).await;
     assert_eq!(env.lb_of(&first).expect("lb").hosts, ["a"]);
     env.add_node("c", json!({})).await;
-    wait_for("c behind the first LB (a pass that opens the window)", || async {
-        env.lb_of(&first).is_some_and(|lb| lb.hosts == ["a", "c"])
-    })
+    wait_for(
+        "c behind the first LB (a pass that opens the window)",
+        || async { env.lb_of(&first).is_some_and(|lb| lb.hosts == ["a", "c"]) },
+    )
     .await;
 
     env.add_node("b", json!({})).await;
