@@ -396,9 +396,7 @@ impl KubeSim {
     /// test sees whether a client multiplexes its requests on one connection (HTTP/2) or keeps
     /// one per request it had in flight (HTTP/1.1), as an API server's connection count would.
     pub fn open_connections(&self) -> u64 {
-        self.shared
-            .connections
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.shared.connections.load(Ordering::Relaxed)
     }
 
     /// Changes what each request costs from now on (see [`cost::CostModel`]).
