@@ -89,6 +89,37 @@ impl Env {
         let uid = svc.metadata.uid.as_deref()?;
         self.lbs().into_iter().find(|lb| lb.service_uid == uid)
     }
+
+    /// Creates a LoadBalancer Service on port 80 and waits for its load balancer.
+    async fn create_lb(&self, name: &str) -> Service {
+        let svc = self
+            .services()
+            .create(&PostParams::default(), &lb_service(name, &[80]))
+            .await
+            .expect("create");
+        wait_for(&format!("{name}'s LB"), || async {
+            self.lb_of(&svc).is_some()
+        })
+        .await;
+        svc
+    }
+
+    /// Waits until `svc`'s load balancer has exactly `hosts`.
+    async fn wait_hosts(&self, svc: &Service, hosts: &[&str], why: &str) {
+        wait_for(why, || async {
+            self.lb_of(svc).is_some_and(|lb| lb.hosts == hosts)
+        })
+        .await;
+    }
+}
+
+/// [`config`] with an hour-long node-sync window: after a node sync that updated LBs, no
+/// other can run within the test.
+fn config_with_hour_window() -> ServiceConfig {
+    ServiceConfig {
+        node_sync_window: Duration::from_secs(3600),
+        ..config()
+    }
 }
 
 fn config() -> ServiceConfig {
@@ -142,20 +173,14 @@ fn start_shared(env: &Env, config: ServiceConfig) -> (Running, Shared) {
 async fn a_service_ensured_after_a_join_gets_the_new_node() {
     let env = Env::new(41).await;
     env.add_node("a", json!({})).await;
-    let mut cfg = config();
-    cfg.node_sync_window = Duration::from_secs(3600);
-    let (run, shared) = start_shared(&env, cfg);
-    let first = env
-        .services()
-        .create(&PostParams::default(), &lb_service("first", &[80]))
-        .await
-        .expect("create");
-    wait_for("first LB", || async { env.lb_of(&first).is_some() }).await;
+    let (run, shared) = start_shared(&env, config_with_hour_window());
+    let first = env.create_lb("first").await;
     assert_eq!(env.lb_of(&first).expect("lb").hosts, ["a"]);
     env.add_node("c", json!({})).await;
-    wait_for(
+    env.wait_hosts(
+        &first,
+        &["a", "c"],
         "c behind the first LB (a pass that opens the window)",
-        || async { env.lb_of(&first).is_some_and(|lb| lb.hosts == ["a", "c"]) },
     )
     .await;
 
@@ -164,12 +189,7 @@ async fn a_service_ensured_after_a_join_gets_the_new_node() {
         shared.nodes.get("b").is_some()
     })
     .await;
-    let second = env
-        .services()
-        .create(&PostParams::default(), &lb_service("second", &[80]))
-        .await
-        .expect("create");
-    wait_for("second LB", || async { env.lb_of(&second).is_some() }).await;
+    let second = env.create_lb("second").await;
     assert_eq!(env.lb_of(&second).expect("lb").hosts, ["a", "b", "c"]);
     assert_eq!(
         env.lb_of(&first).expect("lb").hosts,
@@ -187,20 +207,14 @@ async fn a_service_ensured_after_a_join_gets_the_new_node() {
 async fn a_lone_join_reaches_the_load_balancers_without_waiting_for_the_window() {
     let env = Env::new(43).await;
     env.add_node("a", json!({})).await;
-    let mut cfg = config();
-    cfg.node_sync_window = Duration::from_secs(3600);
-    let run = start(&env, cfg);
-    let svc = env
-        .services()
-        .create(&PostParams::default(), &lb_service("web", &[80]))
-        .await
-        .expect("create");
-    wait_for("the LB", || async { env.lb_of(&svc).is_some() }).await;
+    let run = start(&env, config_with_hour_window());
+    let svc = env.create_lb("web").await;
 
     env.add_node("b", json!({})).await;
-    wait_for(
+    env.wait_hosts(
+        &svc,
+        &["a", "b"],
         "b behind the LB before the hour-long window ends",
-        || async { env.lb_of(&svc).is_some_and(|lb| lb.hosts == ["a", "b"]) },
     )
     .await;
 
