@@ -42,6 +42,24 @@ pub struct AwsConfig {
     /// Per-service endpoints (upstream `ServiceOverride`).
     #[serde(default)]
     pub service_override: Vec<ServiceOverride>,
+    /// Leave the nodes' security groups alone: the operator opens load-balancer traffic to the
+    /// nodes themselves (upstream `DisableSecurityGroupIngress`).
+    #[serde(default)]
+    pub disable_security_group_ingress: bool,
+    /// One security group every Classic ELB uses instead of a group created per load balancer,
+    /// for accounts whose security-group quota cannot take one per Service (upstream
+    /// `ElbSecurityGroup`).
+    pub elb_security_group: Option<String>,
+    /// Whether NLBs get a security group the controller manages (upstream
+    /// `NLBSecurityGroupMode`); without one, NLB traffic is admitted on the nodes' groups.
+    pub nlb_security_group_mode: Option<NlbSecurityGroupMode>,
+}
+
+/// Upstream's `NLBSecurityGroupMode`: `Managed` opts into a security group per NLB.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+pub enum NlbSecurityGroupMode {
+    /// The controller creates, attaches, updates and deletes a security group for each NLB.
+    Managed,
 }
 
 fn default_families() -> Vec<IpFamily> {
@@ -59,6 +77,9 @@ impl Default for AwsConfig {
             route_table_id: Vec::new(),
             node_ip_families: default_families(),
             service_override: Vec::new(),
+            disable_security_group_ingress: false,
+            elb_security_group: None,
+            nlb_security_group_mode: None,
         }
     }
 }
