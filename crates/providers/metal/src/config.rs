@@ -105,10 +105,20 @@ pub struct BmcConfig {
     /// Accept any certificate (self-signed BMCs on a trusted management network only).
     #[serde(default)]
     pub insecure_skip_verify: bool,
-    /// The System: a Redfish id (`1`, a UUID) or a path (`/redfish/v1/Systems/1`); `{name}` is
-    /// replaced by the node name. Default `{name}`.
+    /// The System: a member id of the BMC's Systems collection (`System.Embedded.1` on iDRAC,
+    /// `1` on iLO / XCC / Supermicro) or its path (`/redfish/v1/Systems/1`); `{name}` is
+    /// replaced by the node name. Unset (and no `system_uuid` / `system_serial`): the
+    /// collection's only member.
     pub system: Option<String>,
-    /// User name for HTTP basic auth.
+    /// Find the System as the collection member whose `UUID` is this (case-insensitive).
+    pub system_uuid: Option<String>,
+    /// Find the System as the collection member whose `SerialNumber` is this.
+    pub system_serial: Option<String>,
+    /// `basic` (default: HTTP basic auth on every request) or `session` (one Redfish session
+    /// per BMC and user, its `X-Auth-Token` reused until the BMC refuses it).
+    #[serde(default)]
+    pub auth: BmcAuth,
+    /// User name for HTTP basic auth or the Redfish session.
     pub username: Option<String>,
     /// File holding the password (e.g. a mounted Secret key); read at each request, never
     /// logged.
@@ -116,6 +126,17 @@ pub struct BmcConfig {
     /// `namespace/name` of a Secret with keys `password` and (optionally) `username`; read
     /// through the API at each request. Needs `get` on that Secret.
     pub credentials_secret: Option<String>,
+}
+
+/// How ccm-rs authenticates to a BMC.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BmcAuth {
+    /// `Authorization: Basic` on every request.
+    #[default]
+    Basic,
+    /// A Redfish session (`POST /redfish/v1/SessionService/Sessions`), its token reused.
+    Session,
 }
 
 /// `[[pools]]`: an address pool for LoadBalancer Services.
@@ -388,6 +409,22 @@ fn check_bmc(i: usize, bmc: &BmcConfig) -> Result<(), ConfigError> {
     }
     if uri.host().is_none() {
         return Err(ConfigError::field(&field, "a URL with a host"));
+    }
+    let selectors = [&bmc.system, &bmc.system_uuid, &bmc.system_serial]
+        .iter()
+        .filter(|s| s.is_some())
+        .count();
+    if selectors > 1 {
+        return Err(ConfigError::field(
+            format!("machines[{i}].bmc.system"),
+            "one of system, system_uuid or system_serial, not several",
+        ));
+    }
+    if bmc.auth == BmcAuth::Session && bmc.username.is_none() && bmc.credentials_secret.is_none() {
+        return Err(ConfigError::field(
+            format!("machines[{i}].bmc.auth"),
+            "auth = \"session\" needs a username (with password_file) or credentials_secret",
+        ));
     }
     if let Some(ca) = &bmc.ca_file {
         crate::tls::client_config(Some(ca), false)

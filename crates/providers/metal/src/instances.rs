@@ -11,7 +11,7 @@ use kube::api::Api;
 
 use crate::config::Machine;
 use crate::provider::{MetalCloud, PROVIDER_NAME, provider_id};
-use crate::redfish::{BmcError, Power};
+use crate::redfish::{Lookup, Power};
 
 impl MetalCloud {
     /// The machine name for `node`: from `metal://<machine>` if set, else the node name. A
@@ -56,23 +56,20 @@ impl MetalCloud {
             ),
             None => None,
         };
-        match self.inner.redfish.power_as(bmc, &name, credentials).await {
-            Ok(Power::On) => Ok(InstanceStatus {
+        match self.inner.redfish.lookup(bmc, &name, credentials).await {
+            Ok(Lookup::Found(system)) => Ok(InstanceStatus {
                 exists: true,
-                shutdown: false,
+                shutdown: system.power == Power::Off,
             }),
-            Ok(Power::Off) => Ok(InstanceStatus {
-                exists: true,
-                shutdown: true,
-            }),
-            Ok(Power::NoSuchSystem) => Ok(InstanceStatus {
-                exists: false,
-                shutdown: false,
-            }),
-            // Never "gone": a Node must not be deleted because a BMC did not answer.
-            Err(e @ BmcError::Timeout { .. }) | Err(e @ BmcError::Failed { .. }) => {
-                Err(CloudError::Transient(format!("machine {name}: {e}")))
+            Ok(Lookup::Gone { offered }) => {
+                tracing::warn!(machine = %name, ?offered, "the BMC no longer lists the machine's System: instance gone");
+                Ok(InstanceStatus {
+                    exists: false,
+                    shutdown: false,
+                })
             }
+            // Never "gone": a Node must not be deleted because a BMC did not answer.
+            Err(e) => Err(CloudError::Transient(format!("machine {name}: {e}"))),
         }
     }
 }

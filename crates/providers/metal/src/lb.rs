@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use async_trait::async_trait;
 use ccm_cloud::{CloudError, CloudResult, LoadBalancer, LoadBalancerStatus, Node, Service};
 use k8s_openapi::api::core::v1::LoadBalancerIngress;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use parking_lot::Mutex as SyncMutex;
 
 use crate::ipam::{Allocator, Pool, Request, request_from};
@@ -37,7 +37,7 @@ impl LbState {
     }
 }
 
-fn key_of(svc: &Service) -> String {
+pub(crate) fn key_of(svc: &Service) -> String {
     format!(
         "{}/{}",
         svc.metadata.namespace.as_deref().unwrap_or(""),
@@ -124,6 +124,14 @@ impl MetalCloud {
         f(alloc)
     }
 
+    /// The addresses the table holds for `key` (building the table first if needed).
+    pub(crate) async fn held(&self, key: &str) -> Option<Vec<IpAddr>> {
+        self.with_allocator(|a| Ok(a.held(key).map(<[IpAddr]>::to_vec)))
+            .await
+            .ok()
+            .flatten()
+    }
+
     async fn rebuild(&self) -> CloudResult<Allocator> {
         let client = self.client().ok_or_else(|| {
             CloudError::retry_after(
@@ -157,45 +165,6 @@ impl MetalCloud {
     }
 }
 
-/// kube-vip's request/announce annotation.
-const KUBE_VIP_IPS: &str = "kube-vip.io/loadbalancerIPs";
-
-impl MetalCloud {
-    /// Publishes the addresses where kube-vip's service watcher looks for them. One PATCH
-    /// when the annotation differs, none otherwise; the annotation then also counts as the
-    /// Service's request, so the addresses stay put.
-    async fn write_kube_vip_annotation(&self, svc: &Service, ips: &[IpAddr]) -> CloudResult<()> {
-        let want = ips
-            .iter()
-            .map(IpAddr::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
-        let have = svc
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(KUBE_VIP_IPS));
-        if have == Some(&want) {
-            return Ok(());
-        }
-        let Some(client) = self.client() else {
-            return Err(CloudError::Transient(
-                "metal provider not initialized: cannot write the kube-vip annotation".into(),
-            ));
-        };
-        let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
-        let name = svc.metadata.name.as_deref().unwrap_or("");
-        let patch = serde_json::json!({"metadata": {"annotations": {KUBE_VIP_IPS: want}}});
-        Api::<Service>::namespaced(client, ns)
-            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .map(|_| ())
-            .map_err(|e| {
-                CloudError::Transient(format!("writing {KUBE_VIP_IPS} on {ns}/{name}: {e}"))
-            })
-    }
-}
-
 fn to_cloud(e: crate::ipam::AllocError) -> CloudError {
     CloudError::Permanent(e.to_string())
 }
@@ -223,8 +192,9 @@ impl LoadBalancer for MetalCloud {
             .with_allocator(|a| a.assign(&req).map_err(to_cloud))
             .await?;
         tracing::debug!(service = %req.key, ?ips, "metal: addresses assigned");
-        if self.config().kube_vip_annotation {
-            self.write_kube_vip_annotation(service, &ips).await?;
+        // kube-vip's annotation shrinks before the status does; it grows after (kube_vip).
+        if let Some(keep) = crate::kube_vip::ours_within(service, &ips) {
+            self.patch_kube_vip(service, &keep).await?;
         }
         Ok(status_of(&ips))
     }
@@ -245,6 +215,10 @@ impl LoadBalancer for MetalCloud {
         service: &Service,
     ) -> CloudResult<()> {
         let key = key_of(service);
+        // Not announced any more before the address is free for another Service.
+        if crate::kube_vip::ours_within(service, &[]).is_some() {
+            self.patch_kube_vip(service, &[]).await?;
+        }
         self.with_allocator(|a| {
             a.release(&key);
             Ok(())

@@ -16,6 +16,7 @@
 pub mod config;
 mod instances;
 pub mod ipam;
+pub mod kube_vip;
 mod lb;
 pub mod netlink;
 mod provider;

@@ -172,6 +172,9 @@ impl CloudProvider for MetalCloud {
         if let Some(routes) = &self.inner.routes {
             routes.learn_nodes(&ctx.client).await;
         }
+        if self.config().kube_vip_annotation {
+            self.spawn_kube_vip_sync(ctx.client.clone(), ctx.shutdown.clone());
+        }
         self.spawn_reloader(ctx.shutdown);
         Ok(())
     }

@@ -45,6 +45,10 @@ pub fn request_from(svc: &Service) -> Result<Request, AllocError> {
     let mut ips: Option<(String, Vec<IpAddr>)> = None;
     let mut sources: Vec<(String, String)> = IP_ANNOTATIONS
         .iter()
+        // kube-vip's annotation as ccm-rs wrote it is output, not a request.
+        .filter(|k| {
+            **k != crate::kube_vip::KUBE_VIP_IPS || !crate::kube_vip::written_by_ccm(&annotations)
+        })
         .filter_map(|k| {
             annotations
                 .get(*k)
