@@ -153,6 +153,10 @@ pub struct PoolConfig {
     /// Never hand out IPv4 addresses ending in `.0` or `.255` (some clients drop them).
     #[serde(default)]
     pub avoid_buggy_ips: bool,
+    /// Also hand out the network address (and, IPv4, the broadcast address) of CIDR entries;
+    /// by default they are skipped, as hosts on the subnet treat them specially.
+    #[serde(default)]
+    pub use_network_and_broadcast: bool,
     /// Only Services in these namespaces (empty: all).
     #[serde(default)]
     pub namespaces: Vec<String>,
@@ -266,7 +270,6 @@ impl MetalConfig {
                 exact.push(machine);
             }
         }
-        exact.extend(patterns);
         let mut pools: Vec<Pool> = Vec::new();
         for (i, p) in file.pools.into_iter().enumerate() {
             let pool = check_pool(i, p)?;
@@ -276,8 +279,11 @@ impl MetalConfig {
                     format!("a unique pool name; {:?} appears twice", pool.name),
                 ));
             }
+            check_overlaps(i, &pool, &pools)?;
+            check_node_addresses(i, &pool, &exact)?;
             pools.push(pool);
         }
+        exact.extend(patterns);
         let bmc_concurrency = file.bmc.concurrency.unwrap_or(DEFAULT_BMC_CONCURRENCY);
         if bmc_concurrency == 0 {
             return Err(ConfigError::field(
@@ -312,6 +318,45 @@ impl MetalConfig {
             kube_vip_annotation: file.load_balancer.kube_vip_annotation,
         })
     }
+}
+
+/// A pool sharing an address with another (or two entries of one pool overlapping) would
+/// hand one address out twice under different rules.
+fn check_overlaps(i: usize, pool: &Pool, before: &[Pool]) -> Result<(), ConfigError> {
+    for (k, r) in pool.ranges.iter().enumerate() {
+        let earlier_own = pool.ranges[..k].iter().map(|q| (&pool.name, q));
+        let others = before
+            .iter()
+            .flat_map(|p| p.ranges.iter().map(move |q| (&p.name, q)));
+        if let Some((name, q)) = earlier_own.chain(others).find(|(_, q)| q.overlaps(r)) {
+            return Err(ConfigError::field(
+                format!("pools[{i}].addresses[{k}]"),
+                format!("addresses no other pool has; {r} overlaps {q} of pool {name:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A node's own address handed to a Service would take the node off the network.
+fn check_node_addresses(i: usize, pool: &Pool, machines: &[Machine]) -> Result<(), ConfigError> {
+    for m in machines {
+        for a in &m.addresses {
+            let Ok(ip) = a.address.parse::<IpAddr>() else {
+                continue;
+            };
+            if let Some(k) = pool.ranges.iter().position(|r| r.contains(ip)) {
+                return Err(ConfigError::field(
+                    format!("pools[{i}].addresses[{k}]"),
+                    format!(
+                        "addresses no node uses; it contains {ip}, an address of machine {:?}",
+                        m.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn check_routes(r: &RoutesSettings) -> Result<(), ConfigError> {
@@ -480,6 +525,7 @@ fn check_pool(i: usize, p: PoolConfig) -> Result<Pool, ConfigError> {
         ranges,
         auto_assign: p.auto_assign,
         avoid_buggy_ips: p.avoid_buggy_ips,
+        use_network_and_broadcast: p.use_network_and_broadcast,
         namespaces: p.namespaces,
         service_selector: p.service_selector,
     })
@@ -554,6 +600,28 @@ mod tests {
         let err = MetalConfig::parse("[[machines]]\nname = \"a\"\n[[machines]]\nname = \"a\"\n")
             .expect_err("dup");
         assert!(err.to_string().contains("appears twice"), "{err}");
+    }
+
+    #[test]
+    fn overlapping_pools_and_pools_with_node_addresses_are_refused() {
+        let err = MetalConfig::parse(
+            "[[pools]]\nname = \"a\"\naddresses = [\"10.0.0.0/28\"]\n[[pools]]\nname = \"b\"\naddresses = [\"10.0.1.0/28\", \"10.0.0.8-10.0.0.20\"]\n",
+        )
+        .expect_err("overlap");
+        assert_eq!(err.field.as_deref(), Some("pools[1].addresses[1]"), "{err}");
+        assert!(err.to_string().contains("\"a\""), "{err}");
+        let err = MetalConfig::parse(
+            "[[machines]]\nname = \"n1\"\ninternal_ips = [\"192.0.2.7\"]\n[[pools]]\nname = \"lb\"\naddresses = [\"192.0.2.0/28\"]\n",
+        )
+        .expect_err("node address");
+        assert!(
+            err.to_string().contains("192.0.2.7") && err.to_string().contains("n1"),
+            "{err}"
+        );
+        MetalConfig::parse(
+            "[[pools]]\nname = \"a\"\naddresses = [\"10.0.0.0/28\"]\n[[pools]]\nname = \"b\"\naddresses = [\"10.0.0.16/28\", \"fd00::/120\"]\n",
+        )
+        .expect("adjacent pools are fine");
     }
 
     #[test]

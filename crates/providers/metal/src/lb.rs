@@ -6,10 +6,10 @@ use std::net::IpAddr;
 use async_trait::async_trait;
 use ccm_cloud::{CloudError, CloudResult, LoadBalancer, LoadBalancerStatus, Node, Service};
 use k8s_openapi::api::core::v1::LoadBalancerIngress;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use parking_lot::Mutex as SyncMutex;
 
-use crate::ipam::{Allocator, Pool, Request, request_from};
+use crate::ipam::{AllocError, Allocator, Pool, Request, request_from};
 use crate::provider::MetalCloud;
 
 /// The allocator, `None` until rebuilt from the cluster.
@@ -156,12 +156,39 @@ impl MetalCloud {
                     "the Service's status shows an address another Service holds; it keeps it but gets no other until the conflict is resolved"),
             }
         }
+        // Requests of Services still waiting for an address are kept for them (MetalLB #1984).
+        for svc in services.items.iter().filter(|s| is_load_balancer(s)) {
+            if let Ok(req) = request_from(svc) {
+                alloc.reserve(&req);
+            }
+        }
         tracing::info!(
             services = services.items.len(),
             adopted,
             "metal: LB address table rebuilt from the cluster"
         );
         Ok(alloc)
+    }
+}
+
+impl MetalCloud {
+    /// Takes the addresses off a Service that gave them up (kube-vip's annotation first),
+    /// so no two Services show one IP:port.
+    async fn clear_status(&self, svc: &Service) -> CloudResult<()> {
+        if crate::kube_vip::ours_within(svc, &[]).is_some() {
+            self.patch_kube_vip(svc, &[]).await?;
+        }
+        let client = self.client().ok_or_else(|| {
+            CloudError::Transient("metal provider not initialized: cannot clear a status".into())
+        })?;
+        let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
+        let name = svc.metadata.name.as_deref().unwrap_or("");
+        let patch = serde_json::json!({"status": {"loadBalancer": {"ingress": null}}});
+        Api::<Service>::namespaced(client, ns)
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| CloudError::Transient(format!("clearing the status of {ns}/{name}: {e}")))
     }
 }
 
@@ -188,9 +215,14 @@ impl LoadBalancer for MetalCloud {
         _nodes: &[Node],
     ) -> CloudResult<LoadBalancerStatus> {
         let req = request_from(service).map_err(to_cloud)?;
-        let ips = self
-            .with_allocator(|a| a.assign(&req).map_err(to_cloud))
-            .await?;
+        let ips = match self.with_allocator(|a| Ok(a.assign(&req))).await? {
+            Ok(ips) => ips,
+            Err(e @ AllocError::Released(_)) => {
+                self.clear_status(service).await?;
+                return Err(to_cloud(e));
+            }
+            Err(e) => return Err(to_cloud(e)),
+        };
         tracing::debug!(service = %req.key, ?ips, "metal: addresses assigned");
         // kube-vip's annotation shrinks before the status does; it grows after (kube_vip).
         if let Some(keep) = crate::kube_vip::ours_within(service, &ips) {
@@ -220,7 +252,7 @@ impl LoadBalancer for MetalCloud {
             self.patch_kube_vip(service, &[]).await?;
         }
         self.with_allocator(|a| {
-            a.release(&key);
+            a.forget(&key);
             Ok(())
         })
         .await

@@ -295,7 +295,8 @@ async fn dual_stack_services_get_one_address_per_family() {
     .await;
     assert_eq!(
         ingress(&api, "dual").await,
-        vec!["192.0.2.0", "2001:db8:5::"]
+        vec!["192.0.2.1", "2001:db8:5::1"],
+        "the CIDRs' network addresses are skipped"
     );
     let mut v6 = service("v6only", &[], &[(80, "TCP")]);
     v6.spec.as_mut().expect("spec").ip_families = Some(vec!["IPv6".into()]);
@@ -304,6 +305,6 @@ async fn dual_stack_services_get_one_address_per_family() {
         !ingress(&api, "v6only").await.is_empty()
     })
     .await;
-    assert_eq!(ingress(&api, "v6only").await, vec!["2001:db8:5::1"]);
+    assert_eq!(ingress(&api, "v6only").await, vec!["2001:db8:5::2"]);
     ccm.stop().await;
 }
