@@ -49,6 +49,23 @@ pub struct BmcOptions {
     pub concurrency: Option<usize>,
     /// Per-request timeout in milliseconds (default 5000).
     pub timeout_ms: Option<u64>,
+    /// What `metal://<id>` names: the machine `name` (default), or its System's `uuid` or
+    /// `serial` as the BMC reports it (machines without a BMC keep their name).
+    #[serde(default)]
+    pub provider_id: ProviderIdFrom,
+}
+
+/// Where a Node's providerID comes from.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderIdFrom {
+    /// The inventory name.
+    #[default]
+    Name,
+    /// The System's `UUID` (lower case).
+    Uuid,
+    /// The System's `SerialNumber`.
+    Serial,
 }
 
 /// `[load_balancer]`: how assigned addresses are published.
@@ -225,6 +242,8 @@ pub struct MetalConfig {
     pub bmc_concurrency: usize,
     /// BMC request timeout.
     pub bmc_timeout: Duration,
+    /// What providerIDs name.
+    pub provider_id_from: ProviderIdFrom,
     /// Routes, if enabled.
     pub routes: Option<RoutesSettings>,
     /// Write `kube-vip.io/loadbalancerIPs` after assigning.
@@ -314,6 +333,7 @@ impl MetalConfig {
             pools,
             bmc_concurrency,
             bmc_timeout,
+            provider_id_from: file.bmc.provider_id,
             routes,
             kube_vip_annotation: file.load_balancer.kube_vip_annotation,
         })
