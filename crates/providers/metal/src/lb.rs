@@ -16,6 +16,8 @@ use crate::provider::MetalCloud;
 pub(crate) struct LbState {
     alloc: tokio::sync::Mutex<Option<Allocator>>,
     pools: SyncMutex<Vec<Pool>>,
+    /// `(Service, address)` held outside every pool and already reported by an Event.
+    orphans: SyncMutex<std::collections::BTreeSet<(String, IpAddr)>>,
 }
 
 impl LbState {
@@ -23,12 +25,18 @@ impl LbState {
         LbState {
             alloc: tokio::sync::Mutex::new(None),
             pools: SyncMutex::new(pools),
+            orphans: SyncMutex::default(),
         }
     }
 
     /// New pools; the allocator picks them up at its next operation (held addresses stay).
     pub(crate) fn set_pools(&self, pools: Vec<Pool>) {
         *self.pools.lock() = pools;
+    }
+
+    /// The pools in force.
+    pub(crate) fn pools(&self) -> parking_lot::MutexGuard<'_, Vec<Pool>> {
+        self.pools.lock()
     }
 
     /// Forget the table: the next operation rebuilds it from the cluster.
@@ -172,6 +180,75 @@ impl MetalCloud {
 }
 
 impl MetalCloud {
+    /// After a pool change: one Warning Event per address a Service holds outside every pool
+    /// (it keeps the address — nothing moves because a pool changed — but the operator must
+    /// know the pool no longer covers it).
+    pub(crate) async fn report_orphans(&self) {
+        let Ok(orphans) = self
+            .with_allocator(|a| {
+                Ok(a.holdings()
+                    .flat_map(|(k, ips)| ips.iter().map(move |ip| (k.to_string(), *ip)))
+                    .filter(|(_, ip)| a.pool_of(*ip).is_none())
+                    .collect::<std::collections::BTreeSet<_>>())
+            })
+            .await
+        else {
+            return;
+        };
+        let new: Vec<(String, IpAddr)> = {
+            let mut reported = self.inner.lb.orphans.lock();
+            reported.retain(|o| orphans.contains(o));
+            orphans
+                .into_iter()
+                .filter(|o| reported.insert(o.clone()))
+                .collect()
+        };
+        for (key, ip) in new {
+            if let Err(e) = self.warn_orphan(&key, ip).await {
+                tracing::warn!(service = %key, %ip, error = %e, "metal: Event for an address outside every pool not written");
+            }
+        }
+    }
+
+    async fn warn_orphan(&self, key: &str, ip: IpAddr) -> Result<(), kube::Error> {
+        use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+        let Some(client) = self.client() else {
+            return Ok(());
+        };
+        let (ns, name) = key.split_once('/').unwrap_or(("default", key));
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        let mut ev = Event {
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Service".into()),
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            reason: Some("AddressOutsidePools".into()),
+            message: Some(format!(
+                "address {ip} is in no configured pool any more; the Service keeps it, but no pool covers it: add it back to a pool, or request another address"
+            )),
+            type_: Some("Warning".into()),
+            source: Some(EventSource {
+                component: Some("metal-lb-ipam".into()),
+                ..Default::default()
+            }),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            count: Some(1),
+            ..Default::default()
+        };
+        ev.metadata.generate_name = Some(format!("{name}."));
+        ev.metadata.namespace = Some(ns.into());
+        Api::<Event>::namespaced(client, ns)
+            .create(&Default::default(), &ev)
+            .await
+            .map(|_| ())
+    }
+
     /// Takes the addresses off a Service that gave them up (kube-vip's annotation first),
     /// so no two Services show one IP:port.
     async fn clear_status(&self, svc: &Service) -> CloudResult<()> {

@@ -124,8 +124,13 @@ impl MetalCloud {
     /// Puts `config` in force: machines at once, pools without moving any held address.
     /// Route table, BMC limits and timeouts keep their startup values.
     pub fn apply(&self, config: MetalConfig) {
+        let pools_changed = *self.inner.lb.pools() != config.pools;
         self.inner.lb.set_pools(config.pools.clone());
         *self.inner.config.write() = Arc::new(config);
+        if pools_changed && self.client().is_some() {
+            let me = self.clone();
+            tokio::spawn(async move { me.report_orphans().await });
+        }
     }
 
     fn spawn_reloader(&self, shutdown: CancellationToken) {
@@ -171,6 +176,11 @@ impl CloudProvider for MetalCloud {
         self.inner.lb.reset().await;
         if let Some(routes) = &self.inner.routes {
             routes.learn_nodes(&ctx.client).await;
+        }
+        if !self.config().pools.is_empty() {
+            // Addresses a pool edit left uncovered while the CCM was down are reported too.
+            let me = self.clone();
+            tokio::spawn(async move { me.report_orphans().await });
         }
         if self.config().kube_vip_annotation {
             self.spawn_kube_vip_sync(ctx.client.clone(), ctx.shutdown.clone());
