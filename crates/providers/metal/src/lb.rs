@@ -16,6 +16,8 @@ use crate::provider::MetalCloud;
 pub(crate) struct LbState {
     alloc: tokio::sync::Mutex<Option<Allocator>>,
     pools: SyncMutex<Vec<Pool>>,
+    /// Pool fill, updated after every allocator operation.
+    pub(crate) gauges: crate::metrics::PoolGauges,
     /// `(Service, address)` held outside every pool and already reported by an Event.
     orphans: SyncMutex<std::collections::BTreeSet<(String, IpAddr)>>,
 }
@@ -26,6 +28,7 @@ impl LbState {
             alloc: tokio::sync::Mutex::new(None),
             pools: SyncMutex::new(pools),
             orphans: SyncMutex::default(),
+            gauges: Default::default(),
         }
     }
 
@@ -129,7 +132,9 @@ impl MetalCloud {
         if alloc.pools() != pools.as_slice() {
             alloc.set_pools(pools);
         }
-        f(alloc)
+        let out = f(alloc);
+        crate::metrics::update(&self.inner.lb.gauges, alloc);
+        out
     }
 
     /// The addresses the table holds for `key` (building the table first if needed).

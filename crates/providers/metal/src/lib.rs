@@ -18,6 +18,7 @@ mod instances;
 pub mod ipam;
 pub mod kube_vip;
 mod lb;
+pub mod metrics;
 pub mod netlink;
 mod provider;
 pub mod redfish;

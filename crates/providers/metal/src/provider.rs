@@ -189,6 +189,14 @@ impl CloudProvider for MetalCloud {
         Ok(())
     }
 
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "ccm_metal_pool_addresses",
+            "Addresses of each LoadBalancer pool by family and state (total, assigned, free)",
+            self.inner.lb.gauges.clone(),
+        );
+    }
+
     fn instances(&self) -> Option<Arc<dyn Instances>> {
         Some(Arc::new(self.clone()))
     }

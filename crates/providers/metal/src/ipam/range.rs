@@ -121,6 +121,20 @@ impl PoolRange {
         self.subnet && (ip == self.first || (self.family() == Family::V4 && ip == self.last))
     }
 
+    /// How many addresses the range has.
+    pub fn size(&self) -> u128 {
+        to_u128(self.last) - to_u128(self.first) + 1
+    }
+
+    /// How many of them are a CIDR's network / broadcast address.
+    pub fn subnet_edges(&self) -> u128 {
+        match (self.subnet, self.family()) {
+            (false, _) => 0,
+            (true, Family::V4) => 2,
+            (true, Family::V6) => 1,
+        }
+    }
+
     /// Whether the two ranges share an address.
     pub fn overlaps(&self, other: &PoolRange) -> bool {
         self.family() == other.family()
