@@ -274,8 +274,48 @@ impl MetalCloud {
     }
 }
 
-fn to_cloud(e: crate::ipam::AllocError) -> CloudError {
-    CloudError::Permanent(e.to_string())
+/// How soon a Service waiting for an address (pool full, address held, no pool yet) is tried
+/// again: a freed address or a pool edit is picked up within this, not after the controller's
+/// backoff (up to 300 s). A retry is an allocator check: no cloud or API call besides the
+/// Warning Event's count.
+pub const PENDING_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn to_cloud(e: AllocError) -> CloudError {
+    match e {
+        // Only an edit of the Service fixes it, and an edit is an event of its own.
+        AllocError::Invalid(_) => CloudError::Permanent(e.to_string()),
+        _ => CloudError::retry_after(PENDING_RETRY, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipam::Family;
+
+    #[test]
+    fn waiting_services_are_retried_within_the_pending_bound() {
+        let full = to_cloud(AllocError::Exhausted {
+            pools: vec!["public".into()],
+            family: Family::V4,
+        });
+        match full {
+            CloudError::Retry { after, .. } => assert!(after <= PENDING_RETRY),
+            other => panic!("an exhausted pool is retried soon, got {other:?}"),
+        }
+        assert!(full_text_has_pool(&to_cloud(AllocError::Exhausted {
+            pools: vec!["public".into()],
+            family: Family::V4,
+        })));
+        assert!(matches!(
+            to_cloud(AllocError::Invalid("x".into())),
+            CloudError::Permanent(_)
+        ));
+    }
+
+    fn full_text_has_pool(e: &CloudError) -> bool {
+        e.to_string().contains("\"public\"")
+    }
 }
 
 #[async_trait]
