@@ -288,36 +288,6 @@ fn to_cloud(e: AllocError) -> CloudError {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ipam::Family;
-
-    #[test]
-    fn waiting_services_are_retried_within_the_pending_bound() {
-        let full = to_cloud(AllocError::Exhausted {
-            pools: vec!["public".into()],
-            family: Family::V4,
-        });
-        match full {
-            CloudError::Retry { after, .. } => assert!(after <= PENDING_RETRY),
-            other => panic!("an exhausted pool is retried soon, got {other:?}"),
-        }
-        assert!(full_text_has_pool(&to_cloud(AllocError::Exhausted {
-            pools: vec!["public".into()],
-            family: Family::V4,
-        })));
-        assert!(matches!(
-            to_cloud(AllocError::Invalid("x".into())),
-            CloudError::Permanent(_)
-        ));
-    }
-
-    fn full_text_has_pool(e: &CloudError) -> bool {
-        e.to_string().contains("\"public\"")
-    }
-}
-
 #[async_trait]
 impl LoadBalancer for MetalCloud {
     async fn get_load_balancer(
@@ -378,5 +348,35 @@ impl LoadBalancer for MetalCloud {
             Ok(())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipam::Family;
+
+    #[test]
+    fn waiting_services_are_retried_within_the_pending_bound() {
+        let full = to_cloud(AllocError::Exhausted {
+            pools: vec!["public".into()],
+            family: Family::V4,
+        });
+        match full {
+            CloudError::Retry { after, .. } => assert!(after <= PENDING_RETRY),
+            other => panic!("an exhausted pool is retried soon, got {other:?}"),
+        }
+        assert!(full_text_has_pool(&to_cloud(AllocError::Exhausted {
+            pools: vec!["public".into()],
+            family: Family::V4,
+        })));
+        assert!(matches!(
+            to_cloud(AllocError::Invalid("x".into())),
+            CloudError::Permanent(_)
+        ));
+    }
+
+    fn full_text_has_pool(e: &CloudError) -> bool {
+        e.to_string().contains("\"public\"")
     }
 }
