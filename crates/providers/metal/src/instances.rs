@@ -279,6 +279,12 @@ impl Instances for MetalCloud {
         out
     }
 
+    /// The batch calls are the provider's own (BMC lookups at once, and the duplicate-machine
+    /// check across the batch), so wrappers must call them rather than the single-Node ones.
+    fn native_batching(&self) -> bool {
+        true
+    }
+
     fn max_batch_size(&self) -> usize {
         500
     }

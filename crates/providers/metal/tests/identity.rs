@@ -120,3 +120,71 @@ async fn two_nodes_on_one_machine_are_both_refused() {
     let err = got[0].as_ref().expect_err("machine taken");
     assert!(err.to_string().contains("node-a"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ccm_initializes_neither_node_of_one_machine_and_warns() {
+    let bmc = FakeBmc::start(vec![FakeSystem::new("1", U1, "7XK2L33", "On")]).await;
+    let other = FakeBmc::start(vec![FakeSystem::new("1", U9, "8YL3M44", "On")]).await;
+    let dir = TempDir::new("identity-ccm");
+    let (_kube, kubeconfig, client) = kube_sim(&dir.0).await;
+    let cloud_config = dir.0.join("metal.toml");
+    let entry = |name: &str, endpoint: &str| {
+        format!("[[machines]]\nname = \"{name}\"\n[machines.bmc]\nendpoint = \"{endpoint}\"\n")
+    };
+    std::fs::write(
+        &cloud_config,
+        format!(
+            "[bmc]\nprovider_id = \"uuid\"\n{}{}{}",
+            entry("node-a", &bmc.endpoint),
+            entry("node-b", &bmc.endpoint),
+            entry("node-c", &other.endpoint)
+        ),
+    )
+    .expect("config");
+    // Both Nodes wait for initialization when the CCM looks (a later Node on an already
+    // bound machine is refused on its own, see above).
+    for name in ["node-a", "node-b", "node-c"] {
+        register_node(&client, name, &[], &[("InternalIP", "10.0.0.9")]).await;
+    }
+    let ccm = Ccm::start(&kubeconfig, &cloud_config, &["--controllers=cloud-node"])
+        .await
+        .expect("ccm starts");
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_for("node-c initialized with its System's UUID", || async {
+        nodes.get("node-c").await.is_ok_and(|n| {
+            n.spec.and_then(|s| s.provider_id) == Some(format!("metal://{}", U9.to_lowercase()))
+        })
+    })
+    .await;
+    wait_for("Warning Events on node-a and node-b", || async {
+        let events = Api::<k8s_openapi::api::core::v1::Event>::all(client.clone())
+            .list(&Default::default())
+            .await
+            .expect("events")
+            .items;
+        if std::env::var_os("DEBUG_EVENTS").is_some() {
+            for e in &events {
+                eprintln!("{:?} {:?} {:?}", e.involved_object.name, e.type_, e.message);
+            }
+        }
+        ["node-a", "node-b"].iter().all(|n| {
+            events.iter().any(|e| {
+                e.involved_object.name.as_deref() == Some(*n)
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("both map to machine"))
+            })
+        })
+    })
+    .await;
+    for name in ["node-a", "node-b"] {
+        let n = nodes.get(name).await.expect("node");
+        assert!(
+            has_taint(&n, "node.cloudprovider.kubernetes.io/uninitialized"),
+            "{name} must stay uninitialized"
+        );
+        assert_eq!(n.spec.and_then(|s| s.provider_id), None, "{name}");
+    }
+    ccm.stop().await;
+}
