@@ -105,5 +105,40 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing in\n{text}");
         }
+        promtool_accepts(&text);
+    }
+
+    /// The real `promtool check metrics` (PATH, then the workspace's `.venv/bin`).
+    fn promtool_accepts(text: &str) {
+        use std::io::Write as _;
+        let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../.venv/bin");
+        let tool = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+            .unwrap_or_default()
+            .into_iter()
+            .chain([venv])
+            .map(|d| d.join("promtool"))
+            .find(|p| p.is_file())
+            .expect("promtool not found: run .ci/run (its setup installs promtool)");
+        let mut child = std::process::Command::new(tool)
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn promtool");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(text.as_bytes())
+            .expect("write");
+        let out = child.wait_with_output().expect("promtool");
+        assert!(
+            out.status.success(),
+            "promtool: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
