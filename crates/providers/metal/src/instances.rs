@@ -57,7 +57,7 @@ impl MetalCloud {
             Ok(Lookup::Found(system)) => {
                 // A swapped machine under the same name is not silently the Node's.
                 if let Some(id) = self.identity_of(&system) {
-                    check_same_machine(node, &name, &id)?;
+                    self.check_same_machine(node, &name, &id).await?;
                 }
                 Ok(InstanceStatus {
                     exists: true,
@@ -120,18 +120,40 @@ impl MetalCloud {
     }
 }
 
-/// A Node already bound to another machine than the one its name now maps to is an error
-/// (a swapped or re-cabled machine), never a silent re-bind.
-fn check_same_machine(node: &Node, name: &str, id: &str) -> CloudResult<()> {
-    let have = node_provider_id(node);
-    let want = provider_id(id);
-    if have.is_empty() || have == want {
-        return Ok(());
+impl MetalCloud {
+    /// A Node already bound to another machine than the one its name now maps to is an error
+    /// (a swapped or re-cabled machine), never a silent re-bind; one Warning Event on the Node
+    /// per new identity.
+    async fn check_same_machine(&self, node: &Node, name: &str, id: &str) -> CloudResult<()> {
+        let have = node_provider_id(node);
+        let want = provider_id(id);
+        if have.is_empty() || have == want {
+            return Ok(());
+        }
+        let node_name = node_name(node).to_string();
+        let message = format!(
+            "node {node_name} is {have} but machine {name}'s System is now {want}: a different machine answers under this name; delete the Node (or fix the inventory) to bind it to the new machine"
+        );
+        let first = self
+            .inner
+            .swaps_reported
+            .lock()
+            .insert((node_name.clone(), want));
+        if first
+            && let Err(e) = self
+                .warn(
+                    "default",
+                    "Node",
+                    &node_name,
+                    "MachineIdentityChanged",
+                    message.clone(),
+                )
+                .await
+        {
+            tracing::warn!(node = %node_name, error = %e, "metal: MachineIdentityChanged Event not written");
+        }
+        Err(CloudError::Permanent(message))
     }
-    Err(CloudError::Permanent(format!(
-        "node {} is {have} but machine {name}'s System is now {want}: a different machine answers under this name; delete the Node (or fix the inventory) to bind it to the new machine",
-        node_name(node)
-    )))
 }
 
 /// Two Nodes claiming one machine: both get an error naming the other.
@@ -248,7 +270,7 @@ impl Instances for MetalCloud {
         if let Some(id) = pid.strip_prefix(&format!("{PROVIDER_NAME}://"))
             && self.config().provider_id_from != ProviderIdFrom::Name
         {
-            check_same_machine(node, &name, id)?;
+            self.check_same_machine(node, &name, id).await?;
         }
         Ok(Some(InstanceMetadata {
             provider_id: pid,

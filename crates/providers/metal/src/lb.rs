@@ -216,42 +216,17 @@ impl MetalCloud {
     }
 
     async fn warn_orphan(&self, key: &str, ip: IpAddr) -> Result<(), kube::Error> {
-        use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
-        let Some(client) = self.client() else {
-            return Ok(());
-        };
         let (ns, name) = key.split_once('/').unwrap_or(("default", key));
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::now(),
-        );
-        let mut ev = Event {
-            involved_object: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Service".into()),
-                namespace: Some(ns.into()),
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            reason: Some("AddressOutsidePools".into()),
-            message: Some(format!(
+        self.warn(
+            ns,
+            "Service",
+            name,
+            "AddressOutsidePools",
+            format!(
                 "address {ip} is in no configured pool any more; the Service keeps it, but no pool covers it: add it back to a pool, or request another address"
-            )),
-            type_: Some("Warning".into()),
-            source: Some(EventSource {
-                component: Some("metal-lb-ipam".into()),
-                ..Default::default()
-            }),
-            first_timestamp: Some(now.clone()),
-            last_timestamp: Some(now),
-            count: Some(1),
-            ..Default::default()
-        };
-        ev.metadata.generate_name = Some(format!("{name}."));
-        ev.metadata.namespace = Some(ns.into());
-        Api::<Event>::namespaced(client, ns)
-            .create(&Default::default(), &ev)
-            .await
-            .map(|_| ())
+            ),
+        )
+        .await
     }
 
     /// Takes the addresses off a Service that gave them up (kube-vip's annotation first),

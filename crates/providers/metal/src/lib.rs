@@ -14,6 +14,7 @@
 //! The cloud-config reference and a full example are in `docs/providers/metal.md`.
 
 pub mod config;
+mod events;
 mod instances;
 pub mod ipam;
 pub mod kube_vip;

@@ -36,6 +36,8 @@ pub(crate) struct Inner {
     pub(crate) lb: LbState,
     pub(crate) routes: Option<RouteState>,
     pub(crate) client: RwLock<Option<kube::Client>>,
+    /// `(node, new providerID)` already reported as a swapped machine.
+    pub(crate) swaps_reported: parking_lot::Mutex<std::collections::BTreeSet<(String, String)>>,
 }
 
 /// The bare-metal provider. Cheap to clone; clones share state.
@@ -92,6 +94,7 @@ impl MetalCloud {
                 path,
                 last_text: RwLock::new(text),
                 client: RwLock::new(None),
+                swaps_reported: Default::default(),
             }),
         })
     }

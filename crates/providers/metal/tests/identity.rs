@@ -60,7 +60,7 @@ async fn provider_ids_name_the_machine_and_a_swap_is_refused() {
         "On",
     )])
     .await;
-    let (cloud, _client, _dir) = cloud("uuid", &[("node-a", &bmc.endpoint)]).await;
+    let (cloud, client, _dir) = cloud("uuid", &[("node-a", &bmc.endpoint)]).await;
     let instances = cloud.instances().expect("instances");
     let meta = instances
         .instance_metadata(&node("node-a", None))
@@ -86,6 +86,21 @@ async fn provider_ids_name_the_machine_and_a_swap_is_refused() {
         .await
         .expect_err("not re-bound");
     assert!(err.to_string().contains("different machine"), "{err}");
+    // One Warning Event on the Node says so (no controller reports this error).
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client, "default")
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items;
+    let swaps: Vec<_> = events
+        .iter()
+        .filter(|e| {
+            e.involved_object.name.as_deref() == Some("node-a")
+                && e.reason.as_deref() == Some("MachineIdentityChanged")
+                && e.type_.as_deref() == Some("Warning")
+        })
+        .collect();
+    assert_eq!(swaps.len(), 1, "{events:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
