@@ -322,6 +322,9 @@ impl Allocator {
     /// Addresses for `req`: the ones it holds if its request is unchanged or they still fulfil
     /// it, else new ones. On error the Service keeps what it had.
     pub fn assign(&mut self, req: &Request) -> Result<Vec<IpAddr>, AllocError> {
+        // Reservations follow the Service's current request.
+        self.reserved
+            .retain(|ip, k| k != &req.key || req.ips.contains(ip));
         let sharing_changed = self.holdings.get(&req.key).is_some_and(|h| {
             h.sharing_key != req.sharing_key
                 || h.ports != req.ports
@@ -368,7 +371,19 @@ impl Allocator {
 
     /// New addresses for a Service that holds none it may keep.
     fn assign_fresh(&mut self, req: &Request) -> Result<Vec<IpAddr>, AllocError> {
-        let ips = self.choose(req)?;
+        let ips = match self.choose(req) {
+            Ok(ips) => ips,
+            Err(e) => {
+                // A refused request (its address held, for now) keeps its claim: when the
+                // address frees, auto-assignment does not hand it to someone else first.
+                if req.current.is_empty() {
+                    for &ip in &req.ips {
+                        self.reserved.entry(ip).or_insert_with(|| req.key.clone());
+                    }
+                }
+                return Err(e);
+            }
+        };
         self.hold(req, ips.clone(), Fingerprint::of(req));
         self.reserved.retain(|_, k| k != &req.key);
         Ok(ips)

@@ -458,6 +458,44 @@ fn metallb_1984_a_pending_request_is_not_lost_to_auto_assignment_at_restart() {
     b.forget("d/gone");
     assert_eq!(b.assign(&req("d/x")).expect("x"), vec![ip("10.0.0.1")]);
     assert_eq!(b.assign(&req("d/y")).expect("y"), vec![ip("10.0.0.2")]);
+
+    // While running: a request refused because its address is held keeps its claim, so when
+    // the holder goes, a Service waiting for any address does not take it first.
+    let mut c = Allocator::new(vec![pool("p", &["10.0.0.1-10.0.0.2"])]);
+    assert_eq!(
+        c.assign(&req("d/holder")).expect("holder"),
+        vec![ip("10.0.0.1")]
+    );
+    assert_eq!(
+        c.assign(&req("d/other")).expect("other"),
+        vec![ip("10.0.0.2")]
+    );
+    let mut wants = req("d/wants");
+    wants.ips = vec![ip("10.0.0.1")];
+    assert!(c.assign(&wants).is_err(), "held by d/holder");
+    assert!(c.assign(&req("d/waiting")).is_err(), "pool full");
+    c.forget("d/holder");
+    assert!(
+        c.assign(&req("d/waiting")).is_err(),
+        "the freed address is kept for the Service that asked for it"
+    );
+    assert_eq!(c.assign(&wants).expect("requested"), wants.ips);
+    // A changed request drops the claim.
+    let mut d = Allocator::new(vec![pool("p", &["10.0.0.1-10.0.0.1"])]);
+    let mut holder = req("d/holder");
+    holder.ips = vec![ip("10.0.0.1")];
+    d.assign(&holder).expect("holder");
+    let mut w = req("d/w");
+    w.ips = vec![ip("10.0.0.1")];
+    assert!(d.assign(&w).is_err());
+    w.ips.clear();
+    w.pool = Some("missing".into());
+    assert!(d.assign(&w).is_err());
+    d.forget("d/holder");
+    assert_eq!(
+        d.assign(&req("d/z")).expect("claim dropped"),
+        vec![ip("10.0.0.1")]
+    );
 }
 
 #[test]
