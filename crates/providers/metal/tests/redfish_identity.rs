@@ -132,6 +132,14 @@ async fn a_404_on_the_system_path_401_and_5xx_keep_the_node() {
         .insert("/redfish/v1/Systems".into(), 503);
     let msg = failed(redfish.power(&config, "node-a").await);
     assert!(msg.contains("503"), "{msg}");
+    // With no selector, a collection that lists nothing (a booting BMC) is not "gone" either.
+    fake.state.lock().fail.clear();
+    let only = bmc(&fake.endpoint, "");
+    assert_eq!(redfish.power(&only, "node-a").await, Ok(Power::On));
+    let systems = std::mem::take(&mut fake.state.lock().systems);
+    let msg = failed(redfish.power(&only, "node-a").await);
+    assert!(msg.contains("0 Systems"), "{msg}");
+    fake.state.lock().systems = systems;
     // Credentials refused.
     fake.state.lock().fail.clear();
     fake.state.lock().basic = Some(("ccm".into(), "other".into()));
