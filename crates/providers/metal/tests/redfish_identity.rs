@@ -204,6 +204,12 @@ async fn redfish_sessions_log_in_once_and_again_when_the_token_expires() {
         assert_eq!(redfish.power(&config, "node-a").await, Ok(Power::Off));
     }
     assert_eq!(fake.state.lock().logins, 1, "one session, reused");
+    let paths: Vec<String> = fake.seen().iter().map(|s| s.path.clone()).collect();
+    assert_eq!(
+        paths.len(),
+        6,
+        "login, root, collection, System at first contact, then one GET per lookup: {paths:?}"
+    );
     assert!(
         fake.seen().iter().all(|s| s.authorization.is_none()),
         "no basic auth in session mode"
