@@ -332,6 +332,23 @@ async fn kops_cluster_with_upstream_flags_and_ini() -> anyhow::Result<()> {
         .collect();
     assert!(names.contains(&doubt.as_str()), "{names:?}");
     assert!(names.contains(&fargate.as_str()), "{names:?}");
+    // ... and the operator is told about the one in doubt.
+    let events = Api::<k8s_openapi::api::core::v1::Event>::all(cluster.client.clone())
+        .list(&Default::default())
+        .await?;
+    let warned = events.items.iter().any(|e| {
+        e.type_.as_deref() == Some("Warning")
+            && e.reason.as_deref() == Some("CheckingInstanceFailed")
+            && e.involved_object.name.as_deref() == Some(doubt.as_str())
+    });
+    assert!(warned, "no Warning Event for {doubt}");
+    assert!(
+        !events.items.iter().any(
+            |e| e.involved_object.name.as_deref() == Some(fargate.as_str())
+                && e.type_.as_deref() == Some("Warning")
+        ),
+        "a Warning Event for the Fargate Node"
+    );
     // The Fargate Node costs no error: its status and metadata are answers, not failures.
     let p = keep.lock().clone().context("provider built")?;
     let f = nodes
@@ -623,5 +640,80 @@ async fn bad_cloud_configs_stop_startup_before_any_aws_call() -> anyhow::Result<
         );
     }
     assert_eq!(hits.load(Ordering::SeqCst), 0, "nothing reached AWS");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_dns_name_is_looked_up_inside_the_cluster_only() -> anyhow::Result<()> {
+    let region = "ap-southeast-2";
+    let moto = Moto::shared();
+    let sdk = sdk_config(region).await;
+    let ec2 = ec2(moto, &sdk);
+    // Two VPCs with the same CIDR: the same private IP, so the same private DNS name.
+    let mut found = Vec::new();
+    for cluster_tag in [
+        "kubernetes.io/cluster/amb",
+        "kubernetes.io/cluster/amb",
+        "kubernetes.io/cluster/other",
+    ] {
+        let (vpc, subnet, _) = kops_vpc(&ec2, region).await?;
+        let out = ec2
+            .run_instances()
+            .image_id("ami-12c6146b")
+            .min_count(1)
+            .max_count(1)
+            .subnet_id(&subnet)
+            .private_ip_address("10.0.0.50")
+            .tag_specifications(tags(ResourceType::Instance, &[(cluster_tag, "owned")]))
+            .send()
+            .await?;
+        let i = out.instances().first().context("instance")?;
+        found.push((
+            vpc,
+            i.instance_id().unwrap_or_default().to_string(),
+            i.private_dns_name().unwrap_or_default().to_string(),
+        ));
+    }
+    let dns = found[0].2.clone();
+    assert!(found.iter().all(|f| f.2 == dns), "same DNS name: {found:?}");
+    let n: Node = serde_json::from_value(json!({"metadata": {"name": dns}}))?;
+    let provider = |vpc: Option<&str>| {
+        let mut cfg = common::cloud_config(&moto.url);
+        cfg.kubernetes_cluster_id = Some("amb".into());
+        cfg.vpc = vpc.map(String::from);
+        AwsCloud::with_sdk_config(cfg, sdk.clone())
+    };
+    // The cluster has two instances of that name (the third is another cluster's): an error
+    // naming both, never a guess.
+    let p = provider(None);
+    let inst = ccm_cloud::CloudProvider::instances(&p).context("instances")?;
+    let err = inst
+        .instances_metadata(std::slice::from_ref(&n))
+        .await
+        .remove(0)
+        .expect_err("ambiguous");
+    let text = err.to_string();
+    assert!(
+        text.contains(&found[0].1) && text.contains(&found[1].1),
+        "{text}"
+    );
+    assert!(
+        !text.contains(&found[2].1),
+        "another cluster's instance: {text}"
+    );
+    assert!(inst.instances_status(std::slice::from_ref(&n)).await[0].is_err());
+    // With the cluster's VPC configured, the one instance in it.
+    let p = provider(Some(&found[1].0));
+    let inst = ccm_cloud::CloudProvider::instances(&p).context("instances")?;
+    let meta = inst
+        .instances_metadata(std::slice::from_ref(&n))
+        .await
+        .remove(0)?
+        .context("metadata")?;
+    assert!(
+        meta.provider_id.ends_with(&found[1].1),
+        "{}",
+        meta.provider_id
+    );
     Ok(())
 }
