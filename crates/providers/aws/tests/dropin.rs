@@ -150,14 +150,17 @@ fn registry(
     sdk: &aws_config::SdkConfig,
     imds: Option<String>,
     keep: Arc<parking_lot::Mutex<Option<AwsCloud>>>,
+    args: &[String],
 ) -> ProviderRegistry {
     let sdk = sdk.clone();
+    // What `ccm_provider_aws::register` reads from the process's command line.
+    let explicit = ccm_provider_aws::explicit_cluster_name(args.iter().cloned());
     let mut r = ProviderRegistry::new();
     r.register("aws", move |cfg| {
         let cfg = AwsConfig::from_cloud_config(cfg)?;
         let sdk = sdk.clone();
         let sources = IdentitySources {
-            cluster_name: None,
+            cluster_name: explicit.clone(),
             imds_endpoint: imds.clone(),
         };
         let p = AwsCloud::with_identity(cfg, Some(sdk), sources);
@@ -276,7 +279,7 @@ async fn kops_cluster_with_upstream_flags_and_ini() -> anyhow::Result<()> {
     .to_vec();
     let keep = Arc::new(parking_lot::Mutex::new(None));
     cluster
-        .start_ccm_with(registry(&sdk, None, keep.clone()), &args)
+        .start_ccm_with(registry(&sdk, None, keep.clone(), &args), &args)
         .await?;
 
     let names = [dns.clone(), by_id.clone()];
@@ -371,7 +374,7 @@ async fn kops_cluster_with_upstream_flags_and_ini() -> anyhow::Result<()> {
     cluster.stop_ccm().await?;
     moto.start_recording().await;
     cluster
-        .start_ccm_with(registry(&sdk, None, Arc::default()), &args)
+        .start_ccm_with(registry(&sdk, None, Arc::default(), &args), &args)
         .await?;
     wait_for(
         "the restarted CCM listed the routes",
@@ -550,7 +553,7 @@ async fn cluster_id_from_imds_tags_else_a_startup_error() -> anyhow::Result<()> 
     routes.list_routes("kubernetes").await?;
 
     // The host without a cluster tag, and no IMDS at all: the CCM refuses to start and says
-    // how to set the id. Nothing is created in the meantime.
+    // how to set the id.
     let (untagged, _) = instance(&ec2, &subnet, &[("Name", "bastion")]).await?;
     let bare = imds(untagged.clone()).await?;
     let closed = {
@@ -565,7 +568,7 @@ async fn cluster_id_from_imds_tags_else_a_startup_error() -> anyhow::Result<()> 
             format!("--cloud-config={}", config.display()),
         ];
         let err = cluster
-            .start_ccm_with(registry(&sdk, Some(imds_url), Arc::default()), &args)
+            .start_ccm_with(registry(&sdk, Some(imds_url), Arc::default(), &args), &args)
             .await
             .expect_err("no cluster id");
         let text = format!("{err:#}");
@@ -583,7 +586,26 @@ async fn cluster_id_from_imds_tags_else_a_startup_error() -> anyhow::Result<()> 
             assert!(text.contains(needle), "{needle:?} missing from: {text}");
         }
     }
-    Ok(())
+    // An explicit --cluster-name serves without IMDS.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        format!("http://{}", l.local_addr()?)
+    };
+    let mut cluster = Cluster::start().await?;
+    let args = vec![
+        "--cloud-provider=aws".to_string(),
+        format!("--cloud-config={}", config.display()),
+        "--cluster-name=from-imds".into(),
+        "--configure-cloud-routes=false".into(),
+    ];
+    let keep = Arc::new(parking_lot::Mutex::new(None));
+    cluster
+        .start_ccm_with(registry(&sdk, Some(closed), keep.clone(), &args), &args)
+        .await?;
+    let p = keep.lock().clone().context("provider built")?;
+    let routes = ccm_cloud::CloudProvider::routes(&p).context("routes")?;
+    routes.list_routes("from-imds").await?;
+    cluster.stop_ccm().await
 }
 
 #[tokio::test]
