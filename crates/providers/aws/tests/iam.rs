@@ -4,10 +4,10 @@
 //! only that policy — read from the doc itself, so a missing action there fails here — brings
 //! up Nodes, routes and an NLB and deletes the NLB.
 //!
-//! Not covered: the Classic ELB path. Under enforcement moto answers its `CreateSecurityGroup`
-//! with `AuthFailure` ("AWS was not able to validate the provided access credentials": moto's
-//! own signature check disagrees with the SDK's signature for that request), while every other
-//! call the CCM makes here validates; that is moto, not a missing action.
+//! Not covered: the Classic ELB path. Under enforcement moto answers any request with a space
+//! in a parameter value with `AuthFailure` (its signature check disagrees with the SDK's; a
+//! probe: `CreateSecurityGroup` with description "plain" passes, "with space" fails), and the
+//! Classic ELB's security-group description has spaces. That is moto, not a missing action.
 
 mod common;
 
