@@ -2,7 +2,8 @@
 //! enforcement on (`INITIAL_NO_AUTH_ACTION_COUNT`: the setup's calls go through, every later
 //! call is signed, checked and authorised against IAM), the CCM running under a user that holds
 //! only that policy — read from the doc itself, so a missing action there fails here — brings
-//! up Nodes, routes and an NLB and deletes the NLB.
+//! up Nodes, routes and an NLB and deletes the NLB. And the list names exactly the actions the
+//! provider's source calls (as the RBAC exactness test does for Kubernetes permissions).
 //!
 //! Not covered: the Classic ELB path. Under enforcement moto answers any request with a space
 //! in a parameter value with `AuthFailure` (its signature check disagrees with the SDK's; a
@@ -229,4 +230,64 @@ async fn the_documented_policy_is_enough_under_iam_enforcement() -> anyhow::Resu
     )
     .await?;
     cluster.stop_ccm().await
+}
+
+/// The AWS actions the provider's source calls: the action names its metered call wrappers
+/// (`call("…")`, `call_raw("…")`) are given.
+fn called_actions() -> anyhow::Result<std::collections::BTreeSet<String>> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+    let mut out = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "rs") || path.ends_with("mocked.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)?;
+        for marker in [".call(", ".call_raw("] {
+            for rest in text.split(marker).skip(1) {
+                let rest = rest.trim_start();
+                if let Some(quoted) = rest.strip_prefix('"')
+                    && let Some(name) = quoted.split('"').next()
+                    && name.chars().all(|c| c.is_ascii_alphanumeric())
+                {
+                    out.insert(name.to_string());
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[test]
+fn the_documented_policy_names_exactly_the_actions_the_source_calls() -> anyhow::Result<()> {
+    let policy: serde_json::Value = serde_json::from_str(&documented_policy()?)?;
+    let documented: std::collections::BTreeSet<String> = policy["Statement"]
+        .as_array()
+        .context("statements")?
+        .iter()
+        .flat_map(|s| s["Action"].as_array().cloned().unwrap_or_default())
+        .filter_map(|a| {
+            a.as_str()
+                .and_then(|a| a.split_once(':'))
+                .map(|(_, n)| n.to_string())
+        })
+        .collect();
+    let called = called_actions()?;
+    assert!(called.len() > 20, "source scan found {called:?}");
+    let missing: Vec<_> = called.difference(&documented).collect();
+    assert!(
+        missing.is_empty(),
+        "called but not in the documented policy: {missing:?}"
+    );
+    // Tagging at creation (TagSpecifications / Tags) needs these without a call of its own.
+    let tag_on_create = ["AddTags", "CreateTags"].map(String::from);
+    let unused: Vec<_> = documented
+        .difference(&called)
+        .filter(|a| !tag_on_create.contains(a))
+        .collect();
+    assert!(
+        unused.is_empty(),
+        "in the documented policy but never called: {unused:?}"
+    );
+    Ok(())
 }
