@@ -369,8 +369,8 @@ async fn kops_cluster_with_upstream_flags_and_ini() -> anyhow::Result<()> {
         Ok(None)
     ));
 
-    // A restarted CCM maps the routes' instances back to their Nodes (the instance-id-named
-    // one too) and leaves every route alone.
+    // A restarted CCM leaves every route alone and maps the routes' instances back to their
+    // Nodes (the instance-id-named one too, whose instance's DNS name is not its Node name).
     cluster.stop_ccm().await?;
     moto.start_recording().await;
     cluster
@@ -398,6 +398,28 @@ async fn kops_cluster_with_upstream_flags_and_ini() -> anyhow::Result<()> {
         );
     }
     assert_eq!(routes(&ec2, &rtb).await?.len(), 2);
+    // A provider that has looked nothing up yet (its Nodes' lookups by other controllers would
+    // teach it the mapping) still reports each route's Node by its Node name.
+    let cfg = AwsConfig::from_cloud_config(Some(&ccm_cloud::CloudConfig {
+        path: config.clone(),
+        contents: std::fs::read_to_string(&config)?,
+    }))?;
+    let p = AwsCloud::with_identity(cfg, Some(sdk.clone()), IdentitySources::default());
+    p.initialize(InitContext {
+        client: cluster.client.clone(),
+        shutdown: Default::default(),
+    })
+    .await?;
+    let listed = ccm_cloud::CloudProvider::routes(&p)
+        .context("routes")?
+        .list_routes(KOPS_CLUSTER)
+        .await?;
+    let targets: BTreeMap<String, String> = listed
+        .into_iter()
+        .map(|r| (r.destination_cidr, r.target_node))
+        .collect();
+    assert_eq!(targets.get("10.128.0.0/24"), Some(&dns), "{targets:?}");
+    assert_eq!(targets.get("10.128.1.0/24"), Some(&by_id), "{targets:?}");
     cluster.stop_ccm().await
 }
 
