@@ -20,3 +20,4 @@ pub mod serve;
 pub mod serve_setup;
 pub mod serving_options;
 pub mod tls;
+pub mod webhook;

@@ -334,8 +334,9 @@ pub struct RunOptions {
     pub concurrent_service_syncs: u32,
 
     // ---- Webhook flags / Webhook serving flags
-    /// Webhooks to enable (`*`, `name`, `-name`). ccm-rs hosts no webhooks (upstream's CCM
-    /// library registers none either): `*` or empty is accepted, any name is an error as upstream.
+    /// Webhooks to enable (`*`, `name`, `-name`; empty: none), as upstream. Known:
+    /// `persistentvolumelabel`; any other name is an error. Served only with
+    /// `--feature-gates=CloudControllerManagerWebhook=true`.
     #[arg(long, value_delimiter = ',', help_heading = "Webhook flags")]
     pub webhooks: Vec<String>,
 
@@ -343,23 +344,23 @@ pub struct RunOptions {
     #[arg(long, help_heading = "Webhook flags")]
     pub validation_webhook_config_file: Option<String>,
 
-    /// Address for --webhook-secure-port. Accepted, no effect: ccm-rs serves no webhooks.
+    /// Address for --webhook-secure-port (default 0.0.0.0).
     #[arg(long, help_heading = "Webhook serving flags")]
     pub webhook_bind_address: Option<IpAddr>,
 
-    /// Port for webhooks (upstream default 10260). Accepted, no effect: ccm-rs serves no webhooks.
+    /// HTTPS port for webhooks (default 10260; 0: no webhook server).
     #[arg(long, help_heading = "Webhook serving flags")]
     pub webhook_secure_port: Option<u16>,
 
-    /// Certificate directory for webhook serving. Accepted, no effect.
+    /// Where a self-signed webhook pair (`cloud-controller-manager-webhook.crt/.key`) is kept.
     #[arg(long, help_heading = "Webhook serving flags")]
     pub webhook_cert_dir: Option<String>,
 
-    /// Webhook serving certificate. Accepted, no effect.
+    /// Webhook serving certificate (PEM), reloaded on change.
     #[arg(long, help_heading = "Webhook serving flags")]
     pub webhook_tls_cert_file: Option<String>,
 
-    /// Webhook serving key. Accepted, no effect.
+    /// Webhook serving key (PEM), reloaded on change.
     #[arg(long, help_heading = "Webhook serving flags")]
     pub webhook_tls_private_key_file: Option<String>,
 
@@ -600,38 +601,16 @@ impl RunOptions {
             "--node-sync-period",
             "deprecated upstream, a no-op there too",
         );
-        let webhook_flags = [
-            (!self.webhooks.is_empty(), "--webhooks"),
-            (
-                self.validation_webhook_config_file.is_some(),
-                "--validation-webhook-config-file",
-            ),
-            (
-                self.webhook_bind_address.is_some(),
-                "--webhook-bind-address",
-            ),
-            (self.webhook_secure_port.is_some(), "--webhook-secure-port"),
-            (self.webhook_cert_dir.is_some(), "--webhook-cert-dir"),
-            (
-                self.webhook_tls_cert_file.is_some(),
-                "--webhook-tls-cert-file",
-            ),
-            (
-                self.webhook_tls_private_key_file.is_some(),
-                "--webhook-tls-private-key-file",
-            ),
-            (
-                self.webhook_ca_cert_file.is_some(),
-                "--webhook-ca-cert-file",
-            ),
-        ];
-        for (given, flag) in webhook_flags {
-            inert(
-                given,
-                flag,
-                "ccm-rs hosts no webhooks, so no webhook server is started",
-            );
-        }
+        inert(
+            self.validation_webhook_config_file.is_some(),
+            "--validation-webhook-config-file",
+            "webhooks are configured by --webhooks and the provider",
+        );
+        inert(
+            self.webhook_ca_cert_file.is_some(),
+            "--webhook-ca-cert-file",
+            "the caBundle of the WebhookConfiguration carries the CA",
+        );
         let s = &self.serving;
         inert(
             !s.tls_cipher_suites.is_empty(),
@@ -746,14 +725,11 @@ impl RunOptions {
             }
         }
         self.validate_serving(&mut errs);
-        for w in &self.webhooks {
-            let w = w.trim();
-            if !w.is_empty() && w != "*" {
-                errs.push(format!(
-                    "--webhooks: {:?} is not in the list of known webhooks (ccm-rs hosts none; leave --webhooks empty or \"*\")",
-                    w.trim_start_matches('-')
-                ));
-            }
+        if let Err(e) = crate::webhook::select(&self.webhooks, crate::webhook::KNOWN) {
+            errs.push(e);
+        }
+        if self.webhook_tls_cert_file.is_some() != self.webhook_tls_private_key_file.is_some() {
+            errs.push("--webhook-tls-cert-file and --webhook-tls-private-key-file must be given together".into());
         }
         if self.concurrent_node_syncs == 0 {
             errs.push("--concurrent-node-syncs must be at least 1".to_string());

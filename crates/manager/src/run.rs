@@ -84,6 +84,8 @@ pub struct Runtime {
     pub handles: watch::Sender<Option<ControllerHandles>>,
     /// Leader status, for health and metrics.
     pub leader: LeaderStatus,
+    /// Admission webhooks the provider offers; `--webhooks` picks which are served.
+    pub webhooks: Vec<Arc<dyn crate::webhook::Webhook>>,
 }
 
 impl Default for Runtime {
@@ -99,6 +101,7 @@ impl Default for Runtime {
             rest_metrics,
             handles: watch::channel(None).0,
             leader: LeaderStatus::default(),
+            webhooks: Vec::new(),
         }
     }
 }
@@ -171,6 +174,8 @@ pub async fn run(
     } else {
         tracing::info!("--secure-port=0: not serving health or metrics");
     }
+
+    crate::webhook::setup::start(&v, &rt.webhooks, &rt.registry, serve_shutdown.clone()).await?;
 
     let master_status: Family<NameLabel, Gauge> = Family::default();
     rt.registry.write().register(

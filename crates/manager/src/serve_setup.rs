@@ -56,6 +56,7 @@ pub async fn secure_serving(
         },
         _ => CertSource::SelfSigned {
             dir: s.cert_dir.clone(),
+            pair: crate::tls::PAIR_NAME,
         },
     };
     let tls = TlsSettings {

@@ -47,6 +47,9 @@ pub enum CertSource {
     SelfSigned {
         /// `--cert-dir`.
         dir: Option<PathBuf>,
+        /// File names in `dir`: [`PAIR_NAME`], or upstream's `cloud-controller-manager-webhook`
+        /// for the webhook server, so the two never overwrite each other's pair.
+        pair: &'static str,
     },
 }
 
@@ -200,11 +203,11 @@ fn watch_files(resolver: Arc<Reloading>, cert: PathBuf, key: PathBuf, shutdown: 
 fn initial_pair(settings: &TlsSettings, bind: IpAddr) -> anyhow::Result<Arc<CertifiedKey>> {
     match &settings.cert {
         CertSource::Files { cert, key } => load_pair(cert, key),
-        CertSource::SelfSigned { dir: Some(dir) } => {
-            let (cert, key) = (
-                dir.join(format!("{PAIR_NAME}.crt")),
-                dir.join(format!("{PAIR_NAME}.key")),
-            );
+        CertSource::SelfSigned {
+            dir: Some(dir),
+            pair,
+        } => {
+            let (cert, key) = (dir.join(format!("{pair}.crt")), dir.join(format!("{pair}.key")));
             if cert.exists() && key.exists() {
                 return load_pair(&cert, &key).with_context(|| {
                     format!(
@@ -223,7 +226,7 @@ fn initial_pair(settings: &TlsSettings, bind: IpAddr) -> anyhow::Result<Arc<Cert
             tracing::info!(cert = %cert.display(), key = %key.display(), "generated a self-signed certificate");
             load_pair(&cert, &key)
         }
-        CertSource::SelfSigned { dir: None } => {
+        CertSource::SelfSigned { dir: None, .. } => {
             let (cert_pem, key_pem) = self_signed(bind)?;
             let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
                 .collect::<Result<Vec<_>, _>>()
