@@ -729,7 +729,10 @@ impl RunOptions {
             errs.push(e);
         }
         if self.webhook_tls_cert_file.is_some() != self.webhook_tls_private_key_file.is_some() {
-            errs.push("--webhook-tls-cert-file and --webhook-tls-private-key-file must be given together".into());
+            errs.push(
+                "--webhook-tls-cert-file and --webhook-tls-private-key-file must be given together"
+                    .into(),
+            );
         }
         if self.concurrent_node_syncs == 0 {
             errs.push("--concurrent-node-syncs must be at least 1".to_string());

@@ -207,7 +207,10 @@ fn initial_pair(settings: &TlsSettings, bind: IpAddr) -> anyhow::Result<Arc<Cert
             dir: Some(dir),
             pair,
         } => {
-            let (cert, key) = (dir.join(format!("{pair}.crt")), dir.join(format!("{pair}.key")));
+            let (cert, key) = (
+                dir.join(format!("{pair}.crt")),
+                dir.join(format!("{pair}.key")),
+            );
             if cert.exists() && key.exists() {
                 return load_pair(&cert, &key).with_context(|| {
                     format!(

@@ -268,7 +268,9 @@ async fn decide(hook: &Hook, req: &AdmissionRequest) -> (Admission, Option<Strin
         }
         FailurePolicy::Ignore => (
             Admission::Allow,
-            Some(format!("{failed}; admitted unchanged (failure policy Ignore)")),
+            Some(format!(
+                "{failed}; admitted unchanged (failure policy Ignore)"
+            )),
         ),
     }
 }

@@ -89,7 +89,9 @@ impl PvLabeler {
     fn volume_id(&self, pv: &Value) -> Option<String> {
         let spec = pv.get("spec")?;
         if self.sources.aws_ebs_in_tree
-            && let Some(id) = spec.pointer("/awsElasticBlockStore/volumeID")?.as_str()
+            && let Some(id) = spec
+                .pointer("/awsElasticBlockStore/volumeID")
+                .and_then(Value::as_str)
         {
             return id.rsplit('/').next().map(str::to_string);
         }
@@ -139,7 +141,11 @@ impl Webhook for PvLabeler {
 
 fn is_pv(kind: &Value) -> bool {
     kind.get("kind").and_then(Value::as_str) == Some("PersistentVolume")
-        && kind.get("group").and_then(Value::as_str).unwrap_or("").is_empty()
+        && kind
+            .get("group")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .is_empty()
 }
 
 /// The JSON patch: labels merged (the cloud's values win, as upstream), and a node-affinity
@@ -187,7 +193,10 @@ fn node_affinity(current: Option<&Value>, wanted: &[(&str, &str)]) -> Value {
                 }
                 let list = exprs.as_array_mut().expect("made an array");
                 for (k, v) in wanted {
-                    if !list.iter().any(|e| e.get("key").and_then(Value::as_str) == Some(k)) {
+                    if !list
+                        .iter()
+                        .any(|e| e.get("key").and_then(Value::as_str) == Some(k))
+                    {
                         list.push(requirement(k, v));
                     }
                 }

@@ -69,7 +69,10 @@ pub async fn start(
     let mut hooks = Vec::new();
     for name in &enabled {
         let hook = offered.iter().find(|w| w.name() == name).with_context(|| {
-            format!("--webhooks: {name:?} is not offered by cloud provider {:?}", o.cloud_provider)
+            format!(
+                "--webhooks: {name:?} is not offered by cloud provider {:?}",
+                o.cloud_provider
+            )
         })?;
         hooks.push(hook.clone());
     }
