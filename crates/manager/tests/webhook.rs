@@ -71,10 +71,7 @@ fn free_port() -> u16 {
 
 struct Server {
     addr: SocketAddr,
-    client: hyper_util::client::legacy::Client<
-        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
-        Full<bytes::Bytes>,
-    >,
+    client: HttpsClient,
     registry: Arc<RwLock<Registry>>,
     _stop: tokio_util::sync::DropGuard,
 }
@@ -108,9 +105,26 @@ async fn start(disks: Arc<Disks>, timeout: Duration, extra: &[&str]) -> anyhow::
     let addr = setup::start(&v, &offered, &registry, stop.clone())
         .await?
         .expect("server started");
-    let pem = std::fs::read(dir.join("cloud-controller-manager-webhook.crt"))?;
+    // Written when the server generated its own pair; a test serving files sets its client.
+    let pem = std::fs::read(dir.join("cloud-controller-manager-webhook.crt")).unwrap_or_default();
+    let client = client_trusting(&pem)?;
+    Ok(Server {
+        addr,
+        client,
+        registry,
+        _stop: stop.drop_guard(),
+    })
+}
+
+type HttpsClient = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    Full<bytes::Bytes>,
+>;
+
+/// An HTTPS client that trusts only the certificates in `pem`.
+fn client_trusting(pem: &[u8]) -> anyhow::Result<HttpsClient> {
     let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pki_types::CertificateDer::pem_slice_iter(&pem) {
+    for c in rustls_pki_types::CertificateDer::pem_slice_iter(pem) {
         roots.add(c?)?;
     }
     let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -124,14 +138,10 @@ async fn start(disks: Arc<Disks>, timeout: Duration, extra: &[&str]) -> anyhow::
         .https_only()
         .enable_http1()
         .build();
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build(https);
-    Ok(Server {
-        addr,
-        client,
-        registry,
-        _stop: stop.drop_guard(),
-    })
+    Ok(
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build(https),
+    )
 }
 
 fn rand_suffix() -> u64 {
@@ -440,5 +450,55 @@ async fn startup_errors_name_the_flag() -> anyhow::Result<()> {
     ])?;
     let started = setup::start(&v, &[], &registry, CancellationToken::new()).await?;
     assert_eq!(started, None);
+    Ok(())
+}
+
+/// `--webhook-tls-cert-file`/`--webhook-tls-private-key-file` are served, and a rotated pair is
+/// picked up without a restart (cert-manager renewals).
+#[tokio::test]
+async fn certificate_files_are_served_and_reloaded() -> anyhow::Result<()> {
+    let dir = std::env::temp_dir().join(format!("ccm-webhook-files-{}", rand_suffix()));
+    std::fs::create_dir_all(&dir)?;
+    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    let ip = "127.0.0.1".parse()?;
+    let (first_cert, first_key) = ccm_manager::tls::self_signed(ip)?;
+    std::fs::write(&cert, &first_cert)?;
+    std::fs::write(&key, &first_key)?;
+    let disks = Arc::new(Disks::default());
+    let mut s = start(
+        disks,
+        Duration::from_secs(5),
+        &[
+            &format!("--webhook-tls-cert-file={}", cert.display()),
+            &format!("--webhook-tls-private-key-file={}", key.display()),
+        ],
+    )
+    .await?;
+    s.client = client_trusting(first_cert.as_bytes())?;
+    assert_eq!(s.review(ebs_pv("a", "vol-1")).await?["allowed"], true);
+
+    let (second_cert, second_key) = ccm_manager::tls::self_signed(ip)?;
+    std::fs::write(&key, &second_key)?;
+    std::fs::write(&cert, &second_cert)?;
+    s.client = client_trusting(second_cert.as_bytes())?;
+    let mut served = false;
+    for _ in 0..50 {
+        if s.post("application/json", review(&ebs_pv("b", "vol-2")))
+            .await
+            .is_ok()
+        {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(served, "the rotated certificate is never served");
+    s.client = client_trusting(first_cert.as_bytes())?;
+    assert!(
+        s.post("application/json", review(&ebs_pv("c", "vol-3")))
+            .await
+            .is_err(),
+        "the old certificate is still served"
+    );
     Ok(())
 }
