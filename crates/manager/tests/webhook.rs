@@ -502,3 +502,94 @@ async fn certificate_files_are_served_and_reloaded() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// A validating webhook written for this test: refuses names starting with "bad", fails on
+/// names starting with "err"; its failure policy is Ignore.
+struct NameCheck;
+
+#[async_trait::async_trait]
+impl Webhook for NameCheck {
+    fn name(&self) -> &str {
+        "namecheck"
+    }
+    fn failure_policy(&self) -> ccm_manager::webhook::FailurePolicy {
+        ccm_manager::webhook::FailurePolicy::Ignore
+    }
+    async fn admit(
+        &self,
+        req: &ccm_manager::webhook::AdmissionRequest,
+    ) -> anyhow::Result<ccm_manager::webhook::Admission> {
+        let name = req
+            .object
+            .as_ref()
+            .and_then(|o| o.pointer("/metadata/name"))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if name.starts_with("err") {
+            anyhow::bail!("backend unavailable");
+        }
+        Ok(if name.starts_with("bad") {
+            ccm_manager::webhook::Admission::Deny(format!("name {name:?} is not allowed"))
+        } else {
+            ccm_manager::webhook::Admission::Allow
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_validating_webhook_denies_and_ignore_policy_admits_on_error() -> anyhow::Result<()> {
+    let mut registry = Registry::default();
+    let metrics = ccm_manager::webhook::WebhookMetrics::new(&mut registry);
+    let dir = std::env::temp_dir().join(format!("ccm-webhook-v-{}", rand_suffix()));
+    let tls = ccm_manager::tls::TlsSettings {
+        cert: ccm_manager::tls::CertSource::SelfSigned {
+            dir: Some(dir.clone()),
+            pair: setup::PAIR_NAME,
+        },
+        client_ca_pem: None,
+        min_version: ccm_manager::options::tls_min_version(None).unwrap(),
+        http2_max_streams: 0,
+    };
+    let stop = CancellationToken::new();
+    let hooks: Vec<Arc<dyn Webhook>> = vec![Arc::new(NameCheck)];
+    let addr =
+        ccm_manager::webhook::serve("127.0.0.1:0".parse()?, tls, &hooks, &metrics, stop.clone())
+            .await?;
+    let _stop = stop.drop_guard();
+    let client = client_trusting(&std::fs::read(
+        dir.join("cloud-controller-manager-webhook.crt"),
+    )?)?;
+    let ask = |name: &str| {
+        let body = serde_json::to_vec(&review(&ebs_pv(name, "vol-1"))).unwrap();
+        let req = http::Request::post(format!("https://localhost:{}/namecheck", addr.port()))
+            .header("content-type", "application/json")
+            .body(Full::new(body.into()))
+            .unwrap();
+        let fut = client.request(req);
+        async move {
+            let resp = fut.await.expect("request");
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            serde_json::from_slice::<Value>(&bytes).unwrap()["response"].clone()
+        }
+    };
+    let r = ask("bad-pv").await;
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 403);
+    assert_eq!(r["status"]["message"], "name \"bad-pv\" is not allowed");
+    let r = ask("err-pv").await;
+    assert_eq!(r["allowed"], true, "Ignore admits on a handler error: {r}");
+    let warning = r["warnings"][0].as_str().unwrap_or_default();
+    assert!(warning.contains("backend unavailable"), "{r}");
+    assert_eq!(ask("good-pv").await["allowed"], true);
+    let mut m = String::new();
+    prometheus_client::encoding::text::encode(&mut m, &registry)?;
+    assert!(
+        m.contains(r#"cloud_provider_webhook_rejection_total{webhook="namecheck"} 1"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"cloud_provider_webhook_handler_failure_total{webhook="namecheck"} 1"#),
+        "{m}"
+    );
+    Ok(())
+}
