@@ -528,6 +528,9 @@ impl Webhook for NameCheck {
         if name.starts_with("err") {
             anyhow::bail!("backend unavailable");
         }
+        if name.starts_with("panic") {
+            panic!("a bug in the handler");
+        }
         Ok(if name.starts_with("bad") {
             ccm_manager::webhook::Admission::Deny(format!("name {name:?} is not allowed"))
         } else {
@@ -580,7 +583,20 @@ async fn a_validating_webhook_denies_and_ignore_policy_admits_on_error() -> anyh
     assert_eq!(r["allowed"], true, "Ignore admits on a handler error: {r}");
     let warning = r["warnings"][0].as_str().unwrap_or_default();
     assert!(warning.contains("backend unavailable"), "{r}");
-    assert_eq!(ask("good-pv").await["allowed"], true);
+    let r = ask("panic-pv").await;
+    assert_eq!(r["allowed"], true, "a panic is a failure too: {r}");
+    assert!(
+        r["warnings"][0]
+            .as_str()
+            .unwrap_or_default()
+            .contains("panicked"),
+        "{r}"
+    );
+    assert_eq!(
+        ask("good-pv").await["allowed"],
+        true,
+        "still serving after a panic"
+    );
     let mut m = String::new();
     prometheus_client::encoding::text::encode(&mut m, &registry)?;
     assert!(
@@ -588,7 +604,7 @@ async fn a_validating_webhook_denies_and_ignore_policy_admits_on_error() -> anyh
         "{m}"
     );
     assert!(
-        m.contains(r#"cloud_provider_webhook_handler_failure_total{webhook="namecheck"} 1"#),
+        m.contains(r#"cloud_provider_webhook_handler_failure_total{webhook="namecheck"} 2"#),
         "{m}"
     );
     Ok(())

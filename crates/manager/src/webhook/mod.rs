@@ -5,7 +5,7 @@
 //! as upstream's `cloud-provider/app/webhooks.go`: a body that is not JSON or carries no
 //! `request` gets **400**; the response echoes `request.uid`. Unlike upstream (a handler error
 //! is a 500 and kube-apiserver's failurePolicy decides), a handler's error or timeout is
-//! answered here as the webhook's own [`FailurePolicy`] says, so a failing cloud lookup never
+//! answered here as the webhook's own [`FailurePolicy`] says (a panic counts as an error), so a failing cloud lookup never
 //! depends on how the WebhookConfiguration was written.
 
 pub mod pvlabel;
@@ -249,14 +249,17 @@ async fn decide(hook: &Hook, req: &AdmissionRequest) -> (Admission, Option<Strin
     let label = WebhookLabel {
         webhook: w.name().to_string(),
     };
-    let failed = match tokio::time::timeout(w.timeout(), w.admit(req)).await {
-        Ok(Ok(a)) => {
+    // A panicking handler is a failed handler: answered by policy, the server keeps serving.
+    let guarded = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(w.admit(req)));
+    let failed = match tokio::time::timeout(w.timeout(), guarded).await {
+        Ok(Err(_)) => format!("webhook {:?} panicked", w.name()),
+        Ok(Ok(Ok(a))) => {
             if matches!(a, Admission::Deny(_)) {
                 hook.metrics.rejections.get_or_create(&label).inc();
             }
             return (a, None);
         }
-        Ok(Err(e)) => format!("webhook {:?} failed: {e:#}", w.name()),
+        Ok(Ok(Err(e))) => format!("webhook {:?} failed: {e:#}", w.name()),
         Err(_) => format!("webhook {:?} timed out after {:?}", w.name(), w.timeout()),
     };
     hook.metrics.failures.get_or_create(&label).inc();
