@@ -223,13 +223,10 @@ impl MetalCloud {
                     "the Service's status shows an address another Service holds; it keeps it but gets no other until the conflict is resolved"),
             }
         }
-        // Requests of Services still waiting for an address are kept for them (MetalLB #1984);
-        // only of Services this provider serves (another class's request is not ours to keep).
-        for svc in services
-            .items
-            .iter()
-            .filter(|s| is_load_balancer(s) && self.serves_class(s))
-        {
+        // Requests of Services still waiting for an address are kept for them (MetalLB #1984),
+        // also those of Services another implementation serves: an address any Service asked
+        // for is not handed to another.
+        for svc in services.items.iter().filter(|s| is_load_balancer(s)) {
             if let Ok(req) = request_from(svc) {
                 alloc.reserve(&req);
             }
