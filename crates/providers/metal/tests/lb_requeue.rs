@@ -1,7 +1,7 @@
 //! The metal provider with the real service controller on kube-sim, with a retry backoff of an
 //! hour: a Service waiting for an address gets one only if the provider requeues it when an
-//! address frees or the pools grow; and `load_balancer_class` makes the provider serve exactly
-//! the Services of its class.
+//! address frees (a Service deleted, a changed request) or the pools grow; and
+//! `load_balancer_class` makes the provider serve exactly the Services of its class.
 
 mod support;
 
@@ -15,7 +15,7 @@ use ccm_controllers::service::planner::LOAD_BALANCER_CLEANUP_FINALIZER;
 use ccm_controllers::service::{ServiceConfig, ServiceController, ServiceHandle};
 use ccm_provider_metal::{MetalCloud, MetalConfig};
 use k8s_openapi::api::core::v1::{Event, Service, ServicePort, ServiceSpec};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
 use support::*;
 use tokio_util::sync::CancellationToken;
@@ -30,6 +30,18 @@ const TWO_ADDRESSES: &str = r#"
 [[pools]]
 name = "public"
 addresses = ["192.0.2.10-192.0.2.11"]
+"#;
+
+/// [`TWO_ADDRESSES`] and a pool only a request takes from.
+const TWO_AND_MANUAL: &str = r#"
+[[pools]]
+name = "public"
+addresses = ["192.0.2.10-192.0.2.11"]
+
+[[pools]]
+name = "manual"
+addresses = ["198.51.100.5-198.51.100.5"]
+auto_assign = false
 "#;
 
 const CLASS: &str = "metal.example.com/lb";
@@ -172,9 +184,35 @@ async fn a_waiting_service_gets_an_address_as_soon_as_one_frees_or_the_pool_grow
     })
     .await;
     run.cloud
-        .apply(MetalConfig::parse(TWO_ADDRESSES).expect("config"));
+        .apply(MetalConfig::parse(TWO_AND_MANUAL).expect("config"));
     wait_for("third gets the address the pool edit added", || async {
         ingress(&api, "third").await == ["192.0.2.11"]
+    })
+    .await;
+
+    // A changed request frees the old address: second moves to the manual pool, and the
+    // waiting fourth takes 192.0.2.10.
+    api.create(&pp, &service("fourth", None))
+        .await
+        .expect("fourth");
+    wait_for("fourth is refused (public full)", || async {
+        warned(&client, "fourth").await
+    })
+    .await;
+    api.patch(
+        "second",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+            "metal.ccm-rs.io/address-pool": "manual"}}})),
+    )
+    .await
+    .expect("second asks for the manual pool");
+    wait_for("second moves to the manual pool", || async {
+        ingress(&api, "second").await == ["198.51.100.5"]
+    })
+    .await;
+    wait_for("fourth gets the address second left", || async {
+        ingress(&api, "fourth").await == ["192.0.2.10"]
     })
     .await;
 
