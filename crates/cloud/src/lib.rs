@@ -24,6 +24,7 @@
 //! | `ProviderName()`, `HasClusterID()` | [`CloudProvider::provider_name`], [`CloudProvider::has_cluster_id`] |
 //! | `InstanceExists` / `InstanceShutdown` / `InstanceMetadata` | same names on [`Instances`] |
 //! | — | [`Instances::instances_metadata`], [`Instances::instances_status`], [`Instances::instance_events`] |
+//! | — | [`LoadBalancer::load_balancer_class`], [`LoadBalancer::service_requeues`] |
 //! | `GetLoadBalancer` `(status, exists, err)` | [`LoadBalancer::get_load_balancer`] → `Option<status>` |
 //! | `EnsureLoadBalancer`, `UpdateLoadBalancer`, `EnsureLoadBalancerDeleted` | same names |
 //! | `ListRoutes`, `CreateRoute(nameHint)`, `DeleteRoute` | same names on [`Routes`] |
@@ -41,7 +42,7 @@ pub use error::{CloudError, CloudResult, ConfigError};
 pub use metering::{CloudMetrics, MeterOptions, metered, op};
 pub use provider::{
     CloudProvider, DEFAULT_FALLBACK_CONCURRENCY, InitContext, Instances, LoadBalancer, Routes,
-    fallback_instances_metadata, fallback_instances_status,
+    ServiceRequeue, fallback_instances_metadata, fallback_instances_status,
 };
 pub use ratelimit::{RateLimiter, TokenBucket};
 pub use registry::{

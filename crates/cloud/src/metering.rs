@@ -427,6 +427,12 @@ impl LoadBalancer for MeteredLoadBalancer {
             )
             .await
     }
+    fn load_balancer_class(&self) -> Option<String> {
+        self.inner.load_balancer_class()
+    }
+    fn service_requeues(&self) -> Option<BoxStream<'static, String>> {
+        self.inner.service_requeues()
+    }
 }
 
 struct MeteredRoutes {

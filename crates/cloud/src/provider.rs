@@ -262,6 +262,63 @@ pub trait LoadBalancer: Send + Sync + 'static {
         cluster: &str,
         service: &Service,
     ) -> CloudResult<()>;
+
+    /// The `spec.loadBalancerClass` this provider serves. `None` (the default, upstream's
+    /// behaviour): Services without a class, and no Service with one. `Some(class)`: exactly
+    /// the Services of that class, and no class-less one (as MetalLB's `--lb-class`), so two
+    /// load-balancer implementations can share a cluster. Read once, when the service
+    /// controller starts.
+    fn load_balancer_class(&self) -> Option<String> {
+        None
+    }
+
+    /// Services (`namespace/name`) the provider wants synced again now, because something the
+    /// controller cannot see changed for them: an address a waiting Service can take was freed,
+    /// a pool grew. Without it such a Service waits out its retry backoff. Each call subscribes
+    /// anew (see [`ServiceRequeue`]); `None` (the default): only Service events and retries
+    /// sync a Service.
+    fn service_requeues(&self) -> Option<BoxStream<'static, String>> {
+        None
+    }
+}
+
+/// The provider's side of [`LoadBalancer::service_requeues`]: keep one in the provider, return
+/// [`ServiceRequeue::subscribe`] from `service_requeues` and call [`ServiceRequeue::requeue`]
+/// when waiting Services can make progress. Unbounded and lossless: a requeue is a key, and a
+/// key already queued in the controller is not queued twice.
+#[derive(Clone, Default)]
+pub struct ServiceRequeue {
+    subscribers: Arc<std::sync::Mutex<Vec<tokio::sync::mpsc::UnboundedSender<String>>>>,
+}
+
+impl ServiceRequeue {
+    /// A new stream of the keys passed to [`ServiceRequeue::requeue`] from now on; it ends when
+    /// the last clone of this value is dropped.
+    pub fn subscribe(&self) -> BoxStream<'static, String> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.lock().push(tx);
+        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|key| (key, rx))
+        }))
+    }
+
+    /// Asks every subscriber to sync `keys` (`namespace/name`) now. Subscribers that went away
+    /// are dropped.
+    pub fn requeue<I: IntoIterator<Item = String>>(&self, keys: I) {
+        let keys: Vec<String> = keys.into_iter().collect();
+        if keys.is_empty() {
+            return;
+        }
+        self.lock()
+            .retain(|tx| keys.iter().all(|k| tx.send(k.clone()).is_ok()));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<tokio::sync::mpsc::UnboundedSender<String>>> {
+        // A panic while holding this lock cannot leave the Vec inconsistent.
+        self.subscribers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Pod-CIDR routes in the cloud's route table.
@@ -277,4 +334,81 @@ pub trait Routes: Send + Sync + 'static {
 
     /// Delete a route exactly as returned by `list_routes`.
     async fn delete_route(&self, cluster: &str, route: &Route) -> CloudResult<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    struct Classy(ServiceRequeue);
+
+    #[async_trait]
+    impl LoadBalancer for Classy {
+        async fn get_load_balancer(
+            &self,
+            _: &str,
+            _: &Service,
+        ) -> CloudResult<Option<LoadBalancerStatus>> {
+            Ok(None)
+        }
+        async fn ensure_load_balancer(
+            &self,
+            _: &str,
+            _: &Service,
+            _: &[Node],
+        ) -> CloudResult<LoadBalancerStatus> {
+            Ok(LoadBalancerStatus::default())
+        }
+        async fn update_load_balancer(&self, _: &str, _: &Service, _: &[Node]) -> CloudResult<()> {
+            Ok(())
+        }
+        async fn ensure_load_balancer_deleted(&self, _: &str, _: &Service) -> CloudResult<()> {
+            Ok(())
+        }
+        fn load_balancer_class(&self) -> Option<String> {
+            Some("example.com/lb".into())
+        }
+        fn service_requeues(&self) -> Option<BoxStream<'static, String>> {
+            Some(self.0.subscribe())
+        }
+    }
+
+    struct P(Arc<Classy>);
+
+    impl CloudProvider for P {
+        fn provider_name(&self) -> &str {
+            "p"
+        }
+        fn load_balancer(&self) -> Option<Arc<dyn LoadBalancer>> {
+            Some(self.0.clone())
+        }
+    }
+
+    #[tokio::test]
+    async fn every_subscriber_gets_every_requeue_and_the_metering_wrapper_passes_both_through() {
+        let hub = ServiceRequeue::default();
+        let provider = crate::metered(
+            Arc::new(P(Arc::new(Classy(hub.clone())))),
+            crate::CloudMetrics::new(&mut prometheus_client::registry::Registry::default()),
+            crate::MeterOptions::default(),
+        );
+        let lb = provider.load_balancer().expect("lb");
+        assert_eq!(lb.load_balancer_class().as_deref(), Some("example.com/lb"));
+        let mut a = lb.service_requeues().expect("stream");
+        let mut b = hub.subscribe();
+        let gone = hub.subscribe();
+        drop(gone);
+        hub.requeue(["ns/one".to_string(), "ns/two".to_string()]);
+        hub.requeue(Vec::new());
+        for s in [&mut a, &mut b] {
+            assert_eq!(s.next().await.as_deref(), Some("ns/one"));
+            assert_eq!(s.next().await.as_deref(), Some("ns/two"));
+        }
+        assert_eq!(hub.lock().len(), 2, "the dropped subscriber is pruned");
+        drop((provider, lb));
+        drop(hub);
+        // The wrapper and the provider are gone, the stream's sender with them.
+        assert_eq!(a.next().await, None);
+    }
 }

@@ -1,13 +1,16 @@
 //! The service load-balancer controller (`service-lb-controller`, alias `service`): a cloud
-//! load balancer for every `type: LoadBalancer` Service without a `loadBalancerClass`, with
-//! upstream `controllers/service` semantics (reference §5).
+//! load balancer for every `type: LoadBalancer` Service without a `loadBalancerClass` (or, when
+//! the provider serves one, of exactly that class), with upstream `controllers/service`
+//! semantics (reference §5).
 //!
 //! Shape: Service changes → queue `"service"` (keyed `namespace/name`, per-key backoff) →
 //! [`planner::plan_sync`] → ensure path (finalizer first, then `EnsureLoadBalancer`, then the
 //! status) or delete path (LB first, then status and finalizer). Node changes → queue `"node"`
 //! (coalesced) → one node sync that calls `UpdateLoadBalancer` only for Services whose node set
 //! changed. A per-Service lock ([`locks`]) keeps the node sync and the optional drift check from
-//! ever running concurrently with a sync of the same Service.
+//! ever running concurrently with a sync of the same Service. A provider's
+//! [`LoadBalancer::service_requeues`] stream queues the Services it names, as a Service change
+//! would.
 
 pub mod planner;
 
@@ -216,6 +219,8 @@ type LbNodes = (u64, u64, Arc<Vec<Node>>, Arc<NodeSet>);
 struct Inner {
     shared: Shared,
     lb: Arc<dyn LoadBalancer>,
+    /// The `spec.loadBalancerClass` served ([`LoadBalancer::load_balancer_class`], read once).
+    class: Option<String>,
     client: kube::Client,
     config: ServiceConfig,
     recorder: Recorder,
@@ -301,6 +306,7 @@ impl ServiceController {
         Ok(ServiceController {
             inner: Arc::new(Inner {
                 shared,
+                class: lb.load_balancer_class(),
                 lb,
                 client,
                 config,
@@ -360,6 +366,7 @@ impl Inner {
         };
         tokio::join!(
             self.service_events(service_rx),
+            self.provider_requeues(),
             self.node_events(node_rx),
             workers,
             self.node_worker(),
@@ -379,13 +386,29 @@ impl Inner {
             {
                 self.status_cleared.lock().remove(&object_key(&**old));
             }
-            if should_enqueue_service(ch.old.as_deref(), ch.new.as_deref()) {
+            if should_enqueue_service(ch.old.as_deref(), ch.new.as_deref(), self.class()) {
                 let Some(obj) = ch.new.as_ref().or(ch.old.as_ref()) else {
                     continue;
                 };
                 self.queue.add(object_key(&**obj));
             }
         }
+    }
+
+    /// Keys the provider asks to sync again (an address freed for a waiting Service). Queued
+    /// as is: a key of a Service that is gone or not ours costs one cache lookup in its sync.
+    async fn provider_requeues(&self) {
+        let Some(mut keys) = self.lb.service_requeues() else {
+            return;
+        };
+        while let Some(key) = keys.next().await {
+            tracing::debug!(service = %key, "provider asked for a sync");
+            self.queue.add(key);
+        }
+    }
+
+    fn class(&self) -> Option<&str> {
+        self.class.as_deref()
     }
 
     async fn node_events(
@@ -453,7 +476,7 @@ impl Inner {
 
     /// Upstream `processLoadBalancerDelete`: the cache-based path, where errors count.
     async fn delete_cached_lb(&self, svc: &Service) -> Result<(), SyncError> {
-        if !wants_load_balancer(svc) {
+        if !wants_load_balancer(svc, self.class()) {
             return Ok(());
         }
         self.event(
@@ -497,7 +520,7 @@ impl Inner {
             .lock()
             .get(key)
             .map(|s| s.cached.clone())
-            .filter(|cached| must_delete_stale_lb(cached, &svc));
+            .filter(|cached| must_delete_stale_lb(cached, &svc, self.class()));
         if let Some(old) = stale {
             // Deleted and re-created under the same name while we were not looking.
             self.delete_cached_lb(&old).await?;
@@ -519,7 +542,7 @@ impl Inner {
                 }
             }
         }
-        let plan = plan_sync(&svc);
+        let plan = plan_sync(&svc, self.class());
         let result = match plan {
             SyncPlan::Delete => self.delete_path(&svc).await,
             SyncPlan::Ensure => self.ensure_path(key, &svc).await,
@@ -813,7 +836,7 @@ impl Inner {
             .state
             .lock()
             .iter()
-            .filter(|(_, s)| wants_load_balancer(&s.cached))
+            .filter(|(_, s)| wants_load_balancer(&s.cached, self.class()))
             .map(|(k, _)| k.clone())
             .collect();
         if keys.is_empty() {
@@ -848,7 +871,7 @@ impl Inner {
             let Some(s) = state.get_mut(key) else {
                 return false;
             };
-            if !wants_load_balancer(&s.cached) || planner::needs_cleanup(&s.cached) {
+            if !wants_load_balancer(&s.cached, self.class()) || planner::needs_cleanup(&s.cached) {
                 return false;
             }
             // Never ensured yet: the pending ensure will use the current set.
@@ -945,7 +968,7 @@ impl Inner {
                 let still_ensured = self.state.lock().get(&key).is_some_and(|s| {
                     s.ensured && s.cached.metadata.uid == svc.metadata.uid
                 });
-                if !still_ensured || plan_sync(&svc) != SyncPlan::Ensure {
+                if !still_ensured || plan_sync(&svc, self.class()) != SyncPlan::Ensure {
                     return;
                 }
                 match self

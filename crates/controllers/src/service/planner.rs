@@ -25,16 +25,18 @@ fn spec_type(svc: &Service) -> &str {
         .unwrap_or("ClusterIP")
 }
 
-/// True iff the Service is `type: LoadBalancer` without any `spec.loadBalancerClass`: any
-/// class, even one naming this provider, hands the Service to another controller (upstream
-/// `wantsLoadBalancer`).
-pub fn wants_load_balancer(svc: &Service) -> bool {
+/// True iff the Service is `type: LoadBalancer` and its `spec.loadBalancerClass` is `class`,
+/// the class the provider serves ([`ccm_cloud::LoadBalancer::load_balancer_class`]). With
+/// `class = None` (upstream `wantsLoadBalancer`) that means no class at all: any class, even
+/// one naming this provider, hands the Service to another controller. With `Some(c)` only
+/// Services of class `c`; class-less ones belong to another controller (MetalLB `--lb-class`).
+pub fn wants_load_balancer(svc: &Service, class: Option<&str>) -> bool {
     spec_type(svc) == "LoadBalancer"
         && svc
             .spec
             .as_ref()
-            .and_then(|s| s.load_balancer_class.as_ref())
-            .is_none()
+            .and_then(|s| s.load_balancer_class.as_deref())
+            == class
 }
 
 /// True when the Service carries [`LOAD_BALANCER_CLEANUP_FINALIZER`].
@@ -54,8 +56,11 @@ pub fn needs_cleanup(svc: &Service) -> bool {
 
 /// Whether a Service change can change its load balancer (upstream `needsUpdate`): the list
 /// in the reference §5.2. Status, finalizer and label changes do not count.
-pub fn needs_update(old: &Service, new: &Service) -> bool {
-    let (ow, nw) = (wants_load_balancer(old), wants_load_balancer(new));
+pub fn needs_update(old: &Service, new: &Service, class: Option<&str>) -> bool {
+    let (ow, nw) = (
+        wants_load_balancer(old, class),
+        wants_load_balancer(new, class),
+    );
     if !ow && !nw {
         return false;
     }
@@ -135,10 +140,14 @@ fn ports_changed(
 /// an LB or needs cleanup, an update that [`needs_update`] or needs cleanup, and every delete
 /// (the worker then deletes the LB of a Service that vanished without our finalizer, if it
 /// remembers one — upstream has no delete handler and relies on the key being queued).
-pub fn should_enqueue_service(old: Option<&Service>, new: Option<&Service>) -> bool {
+pub fn should_enqueue_service(
+    old: Option<&Service>,
+    new: Option<&Service>,
+    class: Option<&str>,
+) -> bool {
     match (old, new) {
-        (None, Some(n)) => wants_load_balancer(n) || needs_cleanup(n),
-        (Some(o), Some(n)) => needs_update(o, n) || needs_cleanup(n),
+        (None, Some(n)) => wants_load_balancer(n, class) || needs_cleanup(n),
+        (Some(o), Some(n)) => needs_update(o, n, class) || needs_cleanup(n),
         (Some(_), None) => true,
         (None, None) => false,
     }
@@ -155,8 +164,8 @@ pub enum SyncPlan {
 
 /// The sync decision for a Service that still exists (upstream `syncLoadBalancerIfNeeded`):
 /// the delete path when it no longer wants an LB or is being cleaned up, else the ensure path.
-pub fn plan_sync(svc: &Service) -> SyncPlan {
-    if !wants_load_balancer(svc) || needs_cleanup(svc) {
+pub fn plan_sync(svc: &Service, class: Option<&str>) -> SyncPlan {
+    if !wants_load_balancer(svc, class) || needs_cleanup(svc) {
         SyncPlan::Delete
     } else {
         SyncPlan::Ensure
@@ -166,8 +175,8 @@ pub fn plan_sync(svc: &Service) -> SyncPlan {
 /// Whether the LB of a cached Service must be deleted before handling the current one: the
 /// Service was deleted and re-created under the same name (different UID) while our cache held
 /// the old one, and the old one wanted an LB.
-pub fn must_delete_stale_lb(cached: &Service, current: &Service) -> bool {
-    cached.metadata.uid != current.metadata.uid && wants_load_balancer(cached)
+pub fn must_delete_stale_lb(cached: &Service, current: &Service, class: Option<&str>) -> bool {
+    cached.metadata.uid != current.metadata.uid && wants_load_balancer(cached, class)
 }
 
 /// The exclusion-label predicate (§5.4 item 2): a Node is excluded when it carries
@@ -333,11 +342,42 @@ mod tests {
     #[test]
     fn class_opts_out() {
         let mut s = svc("LoadBalancer");
-        assert!(wants_load_balancer(&s));
+        assert!(wants_load_balancer(&s, None));
         s.spec.as_mut().unwrap().load_balancer_class = Some("sim".into());
-        assert!(!wants_load_balancer(&s));
-        assert_eq!(plan_sync(&s), SyncPlan::Delete);
-        assert!(!should_enqueue_service(None, Some(&s)));
+        assert!(!wants_load_balancer(&s, None));
+        assert_eq!(plan_sync(&s, None), SyncPlan::Delete);
+        assert!(!should_enqueue_service(None, Some(&s), None));
+    }
+
+    #[test]
+    fn a_provider_serving_a_class_takes_exactly_that_class() {
+        let class = Some("metal.ccm-rs.io/lb");
+        let plain = svc("LoadBalancer");
+        let mut ours = svc("LoadBalancer");
+        ours.spec.as_mut().unwrap().load_balancer_class = class.map(str::to_string);
+        let mut other = svc("LoadBalancer");
+        other.spec.as_mut().unwrap().load_balancer_class = Some("other.io/lb".into());
+
+        assert!(wants_load_balancer(&ours, class));
+        assert_eq!(plan_sync(&ours, class), SyncPlan::Ensure);
+        assert!(should_enqueue_service(None, Some(&ours), class));
+        // Class-less Services belong to the cluster's default implementation (MetalLB
+        // --lb-class), other classes to theirs.
+        for s in [&plain, &other] {
+            assert!(!wants_load_balancer(s, class));
+            assert_eq!(plan_sync(s, class), SyncPlan::Delete);
+            assert!(!should_enqueue_service(None, Some(s), class));
+        }
+        // Our Service turned ClusterIP still needs its cleanup; a namesake of another class
+        // re-created under the cached one's name: the cached one's LB is deleted first.
+        let mut done = ours.clone();
+        done.metadata.finalizers = Some(vec![LOAD_BALANCER_CLEANUP_FINALIZER.into()]);
+        done.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
+        assert!(should_enqueue_service(Some(&ours), Some(&done), class));
+        let mut namesake = plain.clone();
+        namesake.metadata.uid = Some("u2".into());
+        assert!(must_delete_stale_lb(&ours, &namesake, class));
+        assert!(!must_delete_stale_lb(&plain, &namesake, class));
     }
 
     #[test]
@@ -349,10 +389,10 @@ mod tests {
         let mut l = svc("LoadBalancer");
         l.metadata.finalizers = Some(vec![LOAD_BALANCER_CLEANUP_FINALIZER.into()]);
         assert!(!needs_cleanup(&l));
-        assert_eq!(plan_sync(&l), SyncPlan::Ensure);
+        assert_eq!(plan_sync(&l, None), SyncPlan::Ensure);
         l.metadata.deletion_timestamp = Some(now());
         assert!(needs_cleanup(&l));
-        assert_eq!(plan_sync(&l), SyncPlan::Delete);
+        assert_eq!(plan_sync(&l, None), SyncPlan::Delete);
     }
 
     #[test]
@@ -456,6 +496,14 @@ mod tests {
             )
     }
 
+    /// The class a provider serves: none (upstream), or one the Services may carry.
+    fn arb_class() -> impl Strategy<Value = Option<String>> {
+        prop::option::of(prop_oneof![
+            Just("sim".to_string()),
+            Just("other".to_string())
+        ])
+    }
+
     fn arb_node() -> impl Strategy<Value = Node> {
         (
             0u8..6,
@@ -492,40 +540,42 @@ mod tests {
 
     proptest! {
         #[test]
-        fn needs_update_is_reflexively_false_and_symmetric(a in arb_service(), b in arb_service()) {
-            prop_assert!(!needs_update(&a, &a));
-            prop_assert_eq!(needs_update(&a, &b), needs_update(&b, &a));
-            if !wants_load_balancer(&a) && !wants_load_balancer(&b) {
-                prop_assert!(!needs_update(&a, &b));
+        fn needs_update_is_reflexively_false_and_symmetric(a in arb_service(), b in arb_service(), class in arb_class()) {
+            let class = class.as_deref();
+            prop_assert!(!needs_update(&a, &a, class));
+            prop_assert_eq!(needs_update(&a, &b, class), needs_update(&b, &a, class));
+            if !wants_load_balancer(&a, class) && !wants_load_balancer(&b, class) {
+                prop_assert!(!needs_update(&a, &b, class));
             }
-            if wants_load_balancer(&a) != wants_load_balancer(&b) {
-                prop_assert!(needs_update(&a, &b));
+            if wants_load_balancer(&a, class) != wants_load_balancer(&b, class) {
+                prop_assert!(needs_update(&a, &b, class));
             }
         }
 
         #[test]
-        fn status_and_finalizer_changes_never_need_update(a in arb_service(), fin in any::<bool>()) {
+        fn status_and_finalizer_changes_never_need_update(a in arb_service(), fin in any::<bool>(), class in arb_class()) {
             let mut b = a.clone();
             b.metadata.finalizers = if fin { Some(vec![LOAD_BALANCER_CLEANUP_FINALIZER.into()]) } else { None };
             b.status = Some(Default::default());
             b.metadata.resource_version = Some("99".into());
-            prop_assert!(!needs_update(&a, &b));
+            prop_assert!(!needs_update(&a, &b, class.as_deref()));
         }
 
         #[test]
-        fn plan_is_ensure_only_for_wanted_live_services(s in arb_service()) {
-            let plan = plan_sync(&s);
+        fn plan_is_ensure_only_for_wanted_live_services(s in arb_service(), class in arb_class()) {
+            let class = class.as_deref();
+            let plan = plan_sync(&s, class);
             if plan == SyncPlan::Ensure {
-                prop_assert!(wants_load_balancer(&s));
-                prop_assert!(s.spec.as_ref().unwrap().load_balancer_class.is_none());
+                prop_assert!(wants_load_balancer(&s, class));
+                prop_assert_eq!(s.spec.as_ref().unwrap().load_balancer_class.as_deref(), class);
                 prop_assert!(!(has_finalizer(&s) && s.metadata.deletion_timestamp.is_some()));
             }
             if needs_cleanup(&s) {
                 prop_assert_eq!(plan, SyncPlan::Delete);
             }
-            // A Service with a class is enqueued only when it carries our finalizer.
-            if s.spec.as_ref().unwrap().load_balancer_class.is_some() && !has_finalizer(&s) {
-                prop_assert!(!should_enqueue_service(None, Some(&s)));
+            // A Service of a class not served is enqueued only when it carries our finalizer.
+            if s.spec.as_ref().unwrap().load_balancer_class.as_deref() != class && !has_finalizer(&s) {
+                prop_assert!(!should_enqueue_service(None, Some(&s), class));
             }
         }
 

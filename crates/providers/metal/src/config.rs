@@ -76,6 +76,11 @@ pub struct LoadBalancerOptions {
     /// which is what kube-vip's service watcher announces (it does not read the status).
     #[serde(default)]
     pub kube_vip_annotation: bool,
+    /// Serve exactly the Services whose `spec.loadBalancerClass` is this (and no class-less
+    /// one), so the provider can run beside the cluster's default load-balancer
+    /// implementation. Unset: class-less Services only, as upstream.
+    #[serde(default)]
+    pub load_balancer_class: Option<String>,
 }
 
 /// `[[machines]]`: one machine, or every machine whose node name matches `pattern`.
@@ -248,6 +253,8 @@ pub struct MetalConfig {
     pub routes: Option<RoutesSettings>,
     /// Write `kube-vip.io/loadbalancerIPs` after assigning.
     pub kube_vip_annotation: bool,
+    /// The `spec.loadBalancerClass` served; `None`: class-less Services.
+    pub load_balancer_class: Option<String>,
 }
 
 /// Checked `[routes]`.
@@ -336,7 +343,44 @@ impl MetalConfig {
             provider_id_from: file.bmc.provider_id,
             routes,
             kube_vip_annotation: file.load_balancer.kube_vip_annotation,
+            load_balancer_class: check_class(file.load_balancer.load_balancer_class)?,
         })
+    }
+}
+
+/// A class must be one the API server accepts in `spec.loadBalancerClass` (a qualified name,
+/// e.g. `example.com/metal`), or no Service could ever carry it.
+fn check_class(class: Option<String>) -> Result<Option<String>, ConfigError> {
+    let Some(class) = class else {
+        return Ok(None);
+    };
+    let (prefix, name) = class.rsplit_once('/').unwrap_or(("", &class));
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    let prefix_ok = (prefix.is_empty() && !class.contains('/'))
+        || (prefix.len() <= 253
+            && prefix.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            }));
+    if name_ok && prefix_ok {
+        Ok(Some(class))
+    } else {
+        Err(ConfigError::field(
+            "load_balancer.load_balancer_class",
+            format!(
+                "a qualified name as Services carry in spec.loadBalancerClass, e.g. \"example.com/metal\"; got {class:?}"
+            ),
+        ))
     }
 }
 
@@ -620,6 +664,46 @@ mod tests {
         let err = MetalConfig::parse("[[machines]]\nname = \"a\"\n[[machines]]\nname = \"a\"\n")
             .expect_err("dup");
         assert!(err.to_string().contains("appears twice"), "{err}");
+    }
+
+    #[test]
+    fn the_load_balancer_class_must_be_one_a_service_can_carry() {
+        let parse = |v: &str| {
+            MetalConfig::parse(&format!("[load_balancer]\nload_balancer_class = {v:?}\n"))
+        };
+        assert_eq!(
+            parse("example.com/metal")
+                .expect("valid")
+                .load_balancer_class
+                .as_deref(),
+            Some("example.com/metal")
+        );
+        assert_eq!(
+            parse("metal")
+                .expect("valid")
+                .load_balancer_class
+                .as_deref(),
+            Some("metal")
+        );
+        assert_eq!(
+            MetalConfig::parse("").expect("empty").load_balancer_class,
+            None
+        );
+        for bad in [
+            "",
+            "Example.com/metal",
+            "example.com/",
+            "/metal",
+            "a/b/c",
+            "metal lb",
+        ] {
+            let err = parse(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"))
+                .to_string();
+            assert!(err.contains("load_balancer.load_balancer_class"), "{err}");
+            assert!(err.contains("example.com/metal"), "{err}");
+        }
     }
 
     #[test]

@@ -182,8 +182,8 @@ impl MetalCloud {
     async fn sync_kube_vip(&self, svc: &Service) {
         let a = annotations(svc);
         let spec = svc.spec.as_ref();
-        let lb = spec.and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
-            && spec.and_then(|s| s.load_balancer_class.as_ref()).is_none();
+        let lb =
+            spec.and_then(|s| s.type_.as_deref()) == Some("LoadBalancer") && self.serves_class(svc);
         // Only Services ccm-rs serves, or whose annotation it wrote, are ever edited.
         if !(lb || a.contains_key(KUBE_VIP_WRITTEN)) {
             return;

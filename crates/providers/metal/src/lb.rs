@@ -3,8 +3,13 @@
 
 use std::net::IpAddr;
 
+use std::collections::BTreeSet;
+
 use async_trait::async_trait;
-use ccm_cloud::{CloudError, CloudResult, LoadBalancer, LoadBalancerStatus, Node, Service};
+use ccm_cloud::{
+    CloudError, CloudResult, LoadBalancer, LoadBalancerStatus, Node, Service, ServiceRequeue,
+};
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::LoadBalancerIngress;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use parking_lot::Mutex as SyncMutex;
@@ -19,7 +24,13 @@ pub(crate) struct LbState {
     /// Pool fill, updated after every allocator operation.
     pub(crate) gauges: crate::metrics::PoolGauges,
     /// `(Service, address)` held outside every pool and already reported by an Event.
-    orphans: SyncMutex<std::collections::BTreeSet<(String, IpAddr)>>,
+    orphans: SyncMutex<BTreeSet<(String, IpAddr)>>,
+    /// Services whose last ensure found no address for them; changed under the allocator's
+    /// lock, so an address freed right after a refusal always requeues the refused Service.
+    pending: SyncMutex<BTreeSet<String>>,
+    /// Asks the service controller to sync the waiting Services again when an address frees
+    /// or the pools change.
+    requeue: ServiceRequeue,
 }
 
 impl LbState {
@@ -29,6 +40,8 @@ impl LbState {
             pools: SyncMutex::new(pools),
             orphans: SyncMutex::default(),
             gauges: Default::default(),
+            pending: SyncMutex::default(),
+            requeue: ServiceRequeue::default(),
         }
     }
 
@@ -42,9 +55,50 @@ impl LbState {
         self.pools.lock()
     }
 
-    /// Forget the table: the next operation rebuilds it from the cluster.
+    /// Forget the table: the next operation rebuilds it from the cluster. Waiting Services
+    /// are forgotten too: a new term syncs every Service anyway.
     pub(crate) async fn reset(&self) {
-        *self.alloc.lock().await = None;
+        let mut alloc = self.alloc.lock().await;
+        *alloc = None;
+        self.pending.lock().clear();
+    }
+
+    /// Asks the service controller to sync every waiting Service but `except` now.
+    pub(crate) fn requeue_pending(&self, except: Option<&str>) {
+        let keys: Vec<String> = self
+            .pending
+            .lock()
+            .iter()
+            .filter(|k| Some(k.as_str()) != except)
+            .cloned()
+            .collect();
+        if !keys.is_empty() {
+            tracing::debug!(
+                services = keys.len(),
+                "metal: an address may be free; requeueing waiting Services"
+            );
+            self.requeue.requeue(keys);
+        }
+    }
+
+    /// Records the outcome of `key`'s ensure (under the allocator's lock) and whether it gave
+    /// up any address it kept from others (`before` → now).
+    fn settle(
+        &self,
+        alloc: &Allocator,
+        key: &str,
+        before: &BTreeSet<IpAddr>,
+        waiting: bool,
+    ) -> bool {
+        {
+            let mut pending = self.pending.lock();
+            if waiting {
+                pending.insert(key.to_string());
+            } else {
+                pending.remove(key);
+            }
+        }
+        !before.is_subset(&alloc.taken_by(key))
     }
 }
 
@@ -169,7 +223,9 @@ impl MetalCloud {
                     "the Service's status shows an address another Service holds; it keeps it but gets no other until the conflict is resolved"),
             }
         }
-        // Requests of Services still waiting for an address are kept for them (MetalLB #1984).
+        // Requests of Services still waiting for an address are kept for them (MetalLB #1984),
+        // also those of Services another implementation serves: an address any Service asked
+        // for is not handed to another.
         for svc in services.items.iter().filter(|s| is_load_balancer(s)) {
             if let Ok(req) = request_from(svc) {
                 alloc.reserve(&req);
@@ -249,18 +305,21 @@ impl MetalCloud {
     }
 }
 
-/// How soon a Service waiting for an address (pool full, address held, no pool yet) is tried
-/// again: a freed address or a pool edit is picked up within this, not after the controller's
-/// backoff (up to 300 s). A retry is an allocator check: no cloud or API call besides the
-/// Warning Event's count.
-pub const PENDING_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
-
+/// A Service waiting for an address (pool full, address held, no pool yet) is not polled: the
+/// provider requeues it through [`LoadBalancer::service_requeues`] the moment an address frees
+/// or the pools change, and the controller's per-Service backoff (5 s → 300 s) is the fallback
+/// for what the provider cannot see (a label edit that makes a pool's selector match).
 fn to_cloud(e: AllocError) -> CloudError {
     match e {
         // Only an edit of the Service fixes it, and an edit is an event of its own.
         AllocError::Invalid(_) => CloudError::Permanent(e.to_string()),
-        _ => CloudError::retry_after(PENDING_RETRY, e.to_string()),
+        _ => CloudError::Transient(e.to_string()),
     }
+}
+
+/// Whether a refusal leaves the Service waiting for an address someone else may free.
+fn is_waiting(e: &AllocError) -> bool {
+    !matches!(e, AllocError::Invalid(_))
 }
 
 #[async_trait]
@@ -282,7 +341,21 @@ impl LoadBalancer for MetalCloud {
         _nodes: &[Node],
     ) -> CloudResult<LoadBalancerStatus> {
         let req = request_from(service).map_err(to_cloud)?;
-        let ips = match self.with_allocator(|a| Ok(a.assign(&req))).await? {
+        let lb = &self.inner.lb;
+        let (result, freed) = self
+            .with_allocator(|a| {
+                let before = a.taken_by(&req.key);
+                let result = a.assign(&req);
+                let waiting = result.as_ref().err().is_some_and(is_waiting);
+                let freed = lb.settle(a, &req.key, &before, waiting);
+                Ok((result, freed))
+            })
+            .await?;
+        if freed {
+            // A changed request, a dropped claim, a sharer giving its address up.
+            lb.requeue_pending(Some(&req.key));
+        }
+        let ips = match result {
             Ok(ips) => ips,
             Err(e @ AllocError::Released(_)) => {
                 self.clear_status(service).await?;
@@ -318,11 +391,26 @@ impl LoadBalancer for MetalCloud {
         if crate::kube_vip::ours_within(service, &[]).is_some() {
             self.patch_kube_vip(service, &[]).await?;
         }
-        self.with_allocator(|a| {
-            a.forget(&key);
-            Ok(())
-        })
-        .await
+        let lb = &self.inner.lb;
+        let freed = self
+            .with_allocator(|a| {
+                let before = a.taken_by(&key);
+                a.forget(&key);
+                Ok(lb.settle(a, &key, &before, false))
+            })
+            .await?;
+        if freed {
+            lb.requeue_pending(Some(&key));
+        }
+        Ok(())
+    }
+
+    fn load_balancer_class(&self) -> Option<String> {
+        self.inner.class.clone()
+    }
+
+    fn service_requeues(&self) -> Option<BoxStream<'static, String>> {
+        Some(self.inner.lb.requeue.subscribe())
     }
 }
 
@@ -332,19 +420,17 @@ mod tests {
     use crate::ipam::Family;
 
     #[test]
-    fn waiting_services_are_retried_within_the_pending_bound() {
-        let full = to_cloud(AllocError::Exhausted {
+    fn waiting_services_are_not_polled_but_keep_the_controller_backoff() {
+        let full = AllocError::Exhausted {
             pools: vec!["public".into()],
             family: Family::V4,
-        });
-        match full {
-            CloudError::Retry { after, .. } => assert!(after <= PENDING_RETRY),
-            other => panic!("an exhausted pool is retried soon, got {other:?}"),
-        }
-        assert!(full_text_has_pool(&to_cloud(AllocError::Exhausted {
-            pools: vec!["public".into()],
-            family: Family::V4,
-        })));
+        };
+        assert!(is_waiting(&full));
+        // Not a fixed-delay Retry: the requeue hook wakes it, the backoff is the fallback.
+        let e = to_cloud(full);
+        assert!(matches!(e, CloudError::Transient(_)), "{e:?}");
+        assert!(full_text_has_pool(&e));
+        assert!(!is_waiting(&AllocError::Invalid("x".into())));
         assert!(matches!(
             to_cloud(AllocError::Invalid("x".into())),
             CloudError::Permanent(_)

@@ -36,6 +36,9 @@ pub(crate) struct Inner {
     pub(crate) lb: LbState,
     pub(crate) routes: Option<RouteState>,
     pub(crate) client: RwLock<Option<kube::Client>>,
+    /// The `spec.loadBalancerClass` served, fixed at startup: the service controller reads it
+    /// once, so every part of the provider must keep answering the same.
+    pub(crate) class: Option<String>,
     /// `(node, new providerID)` already reported as a swapped machine.
     pub(crate) swaps_reported: parking_lot::Mutex<std::collections::BTreeSet<(String, String)>>,
 }
@@ -85,6 +88,7 @@ impl MetalCloud {
         text: String,
     ) -> Result<Self, ConfigError> {
         let routes = config.routes.as_ref().map(RouteState::new);
+        let class = config.load_balancer_class.clone();
         Ok(MetalCloud {
             inner: Arc::new(Inner {
                 redfish: Redfish::new(config.bmc_concurrency, config.bmc_timeout),
@@ -94,6 +98,7 @@ impl MetalCloud {
                 path,
                 last_text: RwLock::new(text),
                 client: RwLock::new(None),
+                class,
                 swaps_reported: Default::default(),
             }),
         })
@@ -126,14 +131,36 @@ impl MetalCloud {
 
     /// Puts `config` in force: machines at once, pools without moving any held address.
     /// Route table, BMC limits and timeouts keep their startup values.
+    /// `load_balancer_class` keeps its startup value (a change is logged, and takes effect at
+    /// the next start).
     pub fn apply(&self, config: MetalConfig) {
+        if config.load_balancer_class != self.inner.class {
+            tracing::warn!(
+                running = ?self.inner.class,
+                configured = ?config.load_balancer_class,
+                "metal: load_balancer_class changed in the cloud-config; it takes effect when the CCM restarts"
+            );
+        }
         let pools_changed = *self.inner.lb.pools() != config.pools;
         self.inner.lb.set_pools(config.pools.clone());
         *self.inner.config.write() = Arc::new(config);
-        if pools_changed && self.client().is_some() {
-            let me = self.clone();
-            tokio::spawn(async move { me.report_orphans().await });
+        if pools_changed {
+            // Services waiting for an address try the new pools now.
+            self.inner.lb.requeue_pending(None);
+            if self.client().is_some() {
+                let me = self.clone();
+                tokio::spawn(async move { me.report_orphans().await });
+            }
         }
+    }
+
+    /// Whether the provider serves `svc`'s `spec.loadBalancerClass` (the service controller's
+    /// filter, for the provider's own watchers).
+    pub(crate) fn serves_class(&self, svc: &ccm_cloud::Service) -> bool {
+        svc.spec
+            .as_ref()
+            .and_then(|s| s.load_balancer_class.as_deref())
+            == self.inner.class.as_deref()
     }
 
     fn spawn_reloader(&self, shutdown: CancellationToken) {

@@ -424,6 +424,18 @@ impl Allocator {
         }
     }
 
+    /// What `key` keeps from other Services: the addresses it holds and those reserved for it.
+    /// When this shrinks, a Service waiting for an address may get one.
+    pub fn taken_by(&self, key: &str) -> BTreeSet<IpAddr> {
+        let reserved = self.reserved.iter().filter(|(_, k)| *k == key);
+        self.held(key)
+            .unwrap_or_default()
+            .iter()
+            .copied()
+            .chain(reserved.map(|(ip, _)| *ip))
+            .collect()
+    }
+
     /// Forgets `key`'s addresses (the Service was deleted or stopped being a LoadBalancer).
     pub fn release(&mut self, key: &str) {
         self.release_holding(key);
