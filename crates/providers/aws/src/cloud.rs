@@ -62,6 +62,8 @@ pub(crate) struct Memory {
     pub nlbs: HashMap<String, crate::nlb::NlbTargets>,
     /// (node security group, LB security group) pairs known to have the allow rule.
     pub sg_rules: std::collections::HashSet<(String, String)>,
+    /// Which security groups the cluster owns, for the load-balancer rules.
+    pub lb_groups: crate::sg::GroupMemory,
 }
 
 pub(crate) struct Inner {

@@ -24,6 +24,8 @@ mod mocked;
 mod nlb;
 mod providerid;
 mod routes;
+mod sg;
+mod subnets;
 
 pub use cloud::{AwsCloud, PROVIDER_NAME, https_client, register};
 pub use config::{AwsConfig, IpFamily, Service, ServiceOverride};
