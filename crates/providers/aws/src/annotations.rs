@@ -24,6 +24,15 @@ pub const SUBNETS: &str = "service.beta.kubernetes.io/aws-load-balancer-subnets"
 /// `aws-load-balancer-nlb-target-type`: only `instance` is supported.
 pub const NLB_TARGET_TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type";
 
+/// `load-balancer-source-ranges`: the older form of `spec.loadBalancerSourceRanges`, read when
+/// the spec has none (upstream's `GetLoadBalancerSourceRanges`).
+pub const SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
+/// `aws-load-balancer-security-groups`: the Classic ELB's groups instead of one of its own.
+pub const SECURITY_GROUPS: &str = "service.beta.kubernetes.io/aws-load-balancer-security-groups";
+/// `aws-load-balancer-extra-security-groups`: groups added to the Classic ELB's.
+pub const EXTRA_SECURITY_GROUPS: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-extra-security-groups";
+
 /// Upstream annotations not implemented yet whose absence would change what the LB exposes or
 /// where traffic goes: a Service carrying one gets an error (a Warning Event) instead of a load
 /// balancer that silently differs. (The access-log and connection-draining/idle annotations only
@@ -42,14 +51,6 @@ const REFUSED: &[(&str, &str)] = &[
     (
         "proxy-protocol",
         "PROXY protocol is not implemented yet; backends would get none",
-    ),
-    (
-        "security-groups",
-        "the LB would get its own security group instead of the named ones",
-    ),
-    (
-        "extra-security-groups",
-        "additional LB security groups are not implemented yet",
     ),
     (
         "eip-allocations",
@@ -102,6 +103,15 @@ pub enum Kind {
 pub struct PortMap {
     pub port: i32,
     pub node_port: i32,
+    /// A UDP port (NLB only); else TCP.
+    pub udp: bool,
+}
+
+impl PortMap {
+    /// The ELBv2 protocol name of the port's traffic.
+    pub fn protocol(&self) -> &'static str {
+        if self.udp { "UDP" } else { "TCP" }
+    }
 }
 
 /// Everything about the LB a Service asks for.
@@ -115,8 +125,23 @@ pub struct LbSpec {
     pub ports: Vec<PortMap>,
     pub health: HealthCheck,
     pub source_ranges: Vec<String>,
+    /// The security-groups annotation: the Classic ELB's groups (none: one of its own).
+    pub security_groups: Vec<String>,
+    /// The extra-security-groups annotation.
+    pub extra_security_groups: Vec<String>,
     /// `namespace/name`, for the `kubernetes.io/service-name` tag.
     pub service_name: String,
+}
+
+impl LbSpec {
+    /// The protocol of the NLB client rules on the node groups.
+    pub fn client_protocol(&self) -> String {
+        if self.ports.iter().any(|p| p.udp) {
+            "udp".to_string()
+        } else {
+            "tcp".to_string()
+        }
+    }
 }
 
 fn bad(key: &str, value: &str, expected: &str) -> CloudError {
@@ -228,9 +253,12 @@ fn health(ann: &BTreeMap<String, String>, svc: &Service, kind: Kind) -> CloudRes
             "traffic-port or a port number",
         ));
     }
-    let (healthy, unhealthy, timeout, interval) = match kind {
-        Kind::Classic => (2, 6, 5, 10),
-        Kind::Network => (3, 3, 10, 10),
+    // Upstream's defaults: Classic 2/6/5 s/10 s; NLB 3/3/10 s/30 s, and for ETP Local
+    // 2/2/10 s/10 s (the timeout is not sent for NLBs: AWS fixes it per protocol).
+    let (healthy, unhealthy, timeout, interval) = match (kind, hcnp.is_some()) {
+        (Kind::Classic, _) => (2, 6, 5, 10),
+        (Kind::Network, false) => (3, 3, 10, 30),
+        (Kind::Network, true) => (2, 2, 10, 10),
     };
     Ok(HealthCheck {
         protocol,
@@ -241,6 +269,116 @@ fn health(ann: &BTreeMap<String, String>, svc: &Service, kind: Kind) -> CloudRes
         timeout: int(ann, "timeout", timeout)?,
         interval: int(ann, "interval", interval)?,
     })
+}
+
+/// Who may connect, as upstream's `GetLoadBalancerSourceRanges`: the spec's ranges, else the
+/// annotation's, else everyone (`0.0.0.0/0`). Each must be a CIDR: a typo must not widen access.
+fn source_ranges(svc: &Service, ann: &BTreeMap<String, String>) -> CloudResult<Vec<String>> {
+    let from_spec: Vec<String> = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.load_balancer_source_ranges.clone())
+        .unwrap_or_default()
+        .iter()
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty())
+        .collect();
+    let (field, ranges) = if !from_spec.is_empty() {
+        ("spec.loadBalancerSourceRanges", from_spec)
+    } else {
+        (SOURCE_RANGES, list(ann, SOURCE_RANGES))
+    };
+    if ranges.is_empty() {
+        return Ok(vec!["0.0.0.0/0".to_string()]);
+    }
+    let mut out = Vec::new();
+    for r in ranges {
+        let net: ipnet::IpNet = r.parse().map_err(|_| {
+            CloudError::Permanent(format!(
+                "{field}: {r:?} is not valid. Expecting a comma-separated list of source IP ranges. For example, 10.0.0.0/24,192.168.2.0/24"
+            ))
+        })?;
+        // AWS keeps the network address: so does the comparison with what it returns.
+        out.push(net.trunc().to_string());
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// The Service's ports, checked as upstream checks them: some ports, one protocol for all
+/// (upstream refuses mixed protocols), TCP, or UDP on an NLB; no `loadBalancerIP` and no
+/// session affinity (ELBs have none for TCP). Each refusal names the field.
+fn ports(svc: &Service, kind: Kind) -> CloudResult<Vec<PortMap>> {
+    let spec = svc.spec.as_ref();
+    let field = |f: &str, msg: String| CloudError::Permanent(format!("{f}: {msg}"));
+    if let Some(a) = spec.and_then(|s| s.session_affinity.as_deref())
+        && !a.is_empty()
+        && a != "None"
+    {
+        return Err(field(
+            "spec.sessionAffinity",
+            format!("unsupported load balancer affinity: {a}"),
+        ));
+    }
+    if spec
+        .and_then(|s| s.load_balancer_ip.as_deref())
+        .is_some_and(|ip| !ip.is_empty())
+    {
+        return Err(field(
+            "spec.loadBalancerIP",
+            "LoadBalancerIP cannot be specified for AWS ELB".into(),
+        ));
+    }
+    let list: Vec<_> = spec
+        .and_then(|s| s.ports.as_ref())
+        .into_iter()
+        .flatten()
+        .collect();
+    if list.is_empty() {
+        return Err(field(
+            "spec.ports",
+            "requested load balancer with no ports".into(),
+        ));
+    }
+    let proto = |p: &&ccm_cloud::k8s_openapi::api::core::v1::ServicePort| {
+        p.protocol.clone().unwrap_or_else(|| "TCP".into())
+    };
+    let first = proto(&list[0]);
+    if list.iter().any(|p| proto(p) != first) {
+        return Err(field(
+            "spec.ports",
+            "mixed protocol is not supported for LoadBalancer".into(),
+        ));
+    }
+    let mut out = Vec::new();
+    for p in &list {
+        let udp = match (proto(p).as_str(), kind) {
+            ("TCP", _) => false,
+            ("UDP", Kind::Network) => true,
+            (other, _) => {
+                return Err(field(
+                    "spec.ports",
+                    format!(
+                        "Protocol {other} not supported by LoadBalancer (TCP; UDP only on an NLB)"
+                    ),
+                ));
+            }
+        };
+        let node_port = p.node_port.ok_or_else(|| {
+            CloudError::retry_after(
+                std::time::Duration::from_secs(1),
+                format!("port {} has no nodePort yet", p.port),
+            )
+        })?;
+        out.push(PortMap {
+            port: p.port,
+            node_port,
+            udp,
+        });
+    }
+    out.sort();
+    Ok(out)
 }
 
 /// Reads the Service into an [`LbSpec`].
@@ -258,31 +396,8 @@ pub fn parse(svc: &Service) -> CloudResult<LbSpec> {
             "instance (ip targets are not supported yet)",
         ));
     }
-    let spec = svc.spec.as_ref();
-    let mut ports = Vec::new();
-    for p in spec.and_then(|s| s.ports.as_ref()).into_iter().flatten() {
-        if p.protocol.as_deref().unwrap_or("TCP") != "TCP" {
-            return Err(CloudError::Permanent(format!(
-                "port {}: only TCP ports are supported by this provider yet",
-                p.port
-            )));
-        }
-        let node_port = p.node_port.ok_or_else(|| {
-            CloudError::retry_after(
-                std::time::Duration::from_secs(1),
-                format!("port {} has no nodePort yet", p.port),
-            )
-        })?;
-        ports.push(PortMap {
-            port: p.port,
-            node_port,
-        });
-    }
-    ports.sort();
-    let source_ranges = spec
-        .and_then(|s| s.load_balancer_source_ranges.clone())
-        .filter(|r| !r.is_empty())
-        .unwrap_or_else(|| vec!["0.0.0.0/0".to_string()]);
+    let ports = ports(svc, kind)?;
+    let source_ranges = source_ranges(svc, &ann)?;
     Ok(LbSpec {
         kind,
         internal: internal(&ann)?,
@@ -292,6 +407,8 @@ pub fn parse(svc: &Service) -> CloudResult<LbSpec> {
         health: health(&ann, svc, kind)?,
         ports,
         source_ranges,
+        security_groups: list(&ann, SECURITY_GROUPS),
+        extra_security_groups: list(&ann, EXTRA_SECURITY_GROUPS),
         service_name: format!(
             "{}/{}",
             svc.metadata.namespace.as_deref().unwrap_or("default"),
@@ -331,11 +448,13 @@ mod tests {
             vec![
                 PortMap {
                     port: 80,
-                    node_port: 30080
+                    node_port: 30080,
+                    udp: false
                 },
                 PortMap {
                     port: 443,
-                    node_port: 30443
+                    node_port: 30443,
+                    udp: false
                 }
             ]
         );
