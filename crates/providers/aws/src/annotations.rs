@@ -33,6 +33,41 @@ pub const SECURITY_GROUPS: &str = "service.beta.kubernetes.io/aws-load-balancer-
 pub const EXTRA_SECURITY_GROUPS: &str =
     "service.beta.kubernetes.io/aws-load-balancer-extra-security-groups";
 
+/// `aws-load-balancer-proxy-protocol`: `*` sends PROXY protocol to the backends.
+pub const PROXY_PROTOCOL: &str = "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol";
+/// `aws-load-balancer-target-node-labels`: `k=v,k2`: only matching nodes become backends.
+pub const TARGET_NODE_LABELS: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-target-node-labels";
+/// `aws-load-balancer-eip-allocations`: one Elastic IP allocation per NLB subnet.
+pub const EIP_ALLOCATIONS: &str = "service.beta.kubernetes.io/aws-load-balancer-eip-allocations";
+/// `aws-load-balancer-private-ipv4-addresses`: one address per subnet of an internal NLB.
+pub const PRIVATE_IPV4: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-private-ipv4-addresses";
+/// `aws-load-balancer-target-group-attributes`: `k=v,...` on each NLB target group.
+pub const TG_ATTRIBUTES: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-target-group-attributes";
+/// Access logs (Classic ELB and NLB).
+pub const ACCESS_LOG_ENABLED: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-access-log-enabled";
+/// Minutes between Classic ELB access-log files (5 or 60).
+pub const ACCESS_LOG_INTERVAL: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-access-log-emit-interval";
+/// The access logs' S3 bucket.
+pub const ACCESS_LOG_BUCKET: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-access-log-s3-bucket-name";
+/// The access logs' key prefix.
+pub const ACCESS_LOG_PREFIX: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-access-log-s3-bucket-prefix";
+/// Classic ELB connection draining on/off.
+pub const DRAINING_ENABLED: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-connection-draining-enabled";
+/// Classic ELB connection draining timeout (seconds).
+pub const DRAINING_TIMEOUT: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-connection-draining-timeout";
+/// Classic ELB idle timeout (seconds; upstream's default 60).
+pub const IDLE_TIMEOUT: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-connection-idle-timeout";
+
 /// Upstream annotations not implemented yet whose absence would change what the LB exposes or
 /// where traffic goes: a Service carrying one gets an error (a Warning Event) instead of a load
 /// balancer that silently differs. (The access-log and connection-draining/idle annotations only
@@ -48,18 +83,6 @@ const REFUSED: &[(&str, &str)] = &[
         "TLS listeners are not implemented yet",
     ),
     ("backend-protocol", "only TCP listeners are implemented yet"),
-    (
-        "proxy-protocol",
-        "PROXY protocol is not implemented yet; backends would get none",
-    ),
-    (
-        "eip-allocations",
-        "the NLB would get AWS-assigned addresses instead of these EIPs",
-    ),
-    (
-        "target-node-labels",
-        "every node would become a target, not only the labelled ones",
-    ),
 ];
 
 fn refused(ann: &BTreeMap<String, String>) -> CloudResult<()> {
@@ -129,8 +152,87 @@ pub struct LbSpec {
     pub security_groups: Vec<String>,
     /// The extra-security-groups annotation.
     pub extra_security_groups: Vec<String>,
+    /// PROXY protocol to the backends (CLB backend policy; NLB target-group attribute).
+    pub proxy_protocol: bool,
+    /// Only nodes with these labels (an empty value: any value) are backends.
+    pub target_node_labels: BTreeMap<String, String>,
+    /// NLB: an Elastic IP allocation per subnet, at creation.
+    pub eip_allocations: Vec<String>,
+    /// Internal NLB: a private address per subnet, at creation.
+    pub private_ipv4: Vec<String>,
+    /// NLB target-group attributes.
+    pub tg_attributes: BTreeMap<String, String>,
+    /// Access logs, draining, idle timeout: the Classic ELB's attributes (access logs also NLB).
+    pub attributes: Attributes,
     /// `namespace/name`, for the `kubernetes.io/service-name` tag.
     pub service_name: String,
+}
+
+/// Load-balancer attributes with upstream's defaults: access logs off, draining off, idle
+/// timeout 60 s.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Attributes {
+    pub access_log: bool,
+    pub access_log_interval: Option<i32>,
+    pub access_log_bucket: String,
+    pub access_log_prefix: String,
+    pub draining: bool,
+    pub draining_timeout: Option<i32>,
+    pub idle_timeout: i32,
+}
+
+fn number(ann: &BTreeMap<String, String>, key: &str) -> CloudResult<Option<i32>> {
+    match ann.get(key).map(|v| v.trim()) {
+        None | Some("") => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|_| bad(key, v, "an integer")),
+    }
+}
+
+fn attributes(ann: &BTreeMap<String, String>) -> CloudResult<Attributes> {
+    Ok(Attributes {
+        access_log: boolean(ann, ACCESS_LOG_ENABLED)?.unwrap_or(false),
+        access_log_interval: number(ann, ACCESS_LOG_INTERVAL)?,
+        access_log_bucket: ann.get(ACCESS_LOG_BUCKET).cloned().unwrap_or_default(),
+        access_log_prefix: ann.get(ACCESS_LOG_PREFIX).cloned().unwrap_or_default(),
+        draining: boolean(ann, DRAINING_ENABLED)?.unwrap_or(false),
+        draining_timeout: number(ann, DRAINING_TIMEOUT)?,
+        idle_timeout: number(ann, IDLE_TIMEOUT)?.unwrap_or(60),
+    })
+}
+
+/// `k1=v1,k2` as upstream's `getKeyValuePropertiesFromAnnotation` reads it.
+pub fn key_values(ann: &BTreeMap<String, String>, key: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for kv in list(ann, key) {
+        let mut it = kv.split('=');
+        let k = it.next().unwrap_or_default().trim();
+        if !k.is_empty() {
+            out.insert(
+                k.to_string(),
+                it.next().unwrap_or_default().trim().to_string(),
+            );
+        }
+    }
+    out
+}
+
+/// The target-node-labels annotation alone: it never fails, so the backends can follow the
+/// nodes even while another annotation is refused.
+pub fn target_node_labels(svc: &Service) -> BTreeMap<String, String> {
+    let ann = svc.metadata.annotations.clone().unwrap_or_default();
+    key_values(&ann, TARGET_NODE_LABELS)
+}
+
+fn proxy_protocol(ann: &BTreeMap<String, String>) -> CloudResult<bool> {
+    match ann.get(PROXY_PROTOCOL).map(|v| v.trim()) {
+        None | Some("") => Ok(false),
+        Some("*") => Ok(true),
+        Some(v) => Err(bad(
+            PROXY_PROTOCOL,
+            v,
+            "* (the only value upstream supports)",
+        )),
+    }
 }
 
 impl LbSpec {
@@ -409,6 +511,12 @@ pub fn parse(svc: &Service) -> CloudResult<LbSpec> {
         source_ranges,
         security_groups: list(&ann, SECURITY_GROUPS),
         extra_security_groups: list(&ann, EXTRA_SECURITY_GROUPS),
+        proxy_protocol: proxy_protocol(&ann)?,
+        target_node_labels: key_values(&ann, TARGET_NODE_LABELS),
+        eip_allocations: list(&ann, EIP_ALLOCATIONS),
+        private_ipv4: list(&ann, PRIVATE_IPV4),
+        tg_attributes: key_values(&ann, TG_ATTRIBUTES),
+        attributes: attributes(&ann)?,
         service_name: format!(
             "{}/{}",
             svc.metadata.namespace.as_deref().unwrap_or("default"),

@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 
 use aws_sdk_ec2::types::{Filter, IpPermission, ResourceType, TagSpecification, UserIdGroupPair};
 use aws_sdk_elasticloadbalancing::types::{
-    CrossZoneLoadBalancing, HealthCheck, Instance, Listener, LoadBalancerAttributes,
-    LoadBalancerDescription, Tag,
+    AccessLog, ConnectionDraining, ConnectionSettings, CrossZoneLoadBalancing, HealthCheck,
+    Instance, Listener, LoadBalancerAttributes, LoadBalancerDescription, PolicyAttribute, Tag,
 };
 use ccm_cloud::{CloudError, CloudResult, Node};
 
@@ -33,6 +33,9 @@ pub(crate) fn clb_ingress(spec: &LbSpec) -> BTreeSet<Rule> {
 fn built<T, E: std::fmt::Display>(r: Result<T, E>) -> CloudResult<T> {
     r.map_err(|e| CloudError::Permanent(format!("building an AWS request: {e}")))
 }
+
+/// Upstream's PROXY protocol policy name.
+pub const PROXY_POLICY: &str = "k8s-proxyprotocol-enabled";
 
 /// The security group name upstream gives a Classic ELB.
 pub fn sg_name(lb: &str) -> String {
@@ -369,9 +372,8 @@ impl AwsCloud {
             }
         };
         self.clb_sync_health(name, &desc, spec).await?;
-        if let Some(on) = spec.cross_zone {
-            self.clb_cross_zone(name, on).await?;
-        }
+        self.clb_attributes(name, spec).await?;
+        self.clb_proxy_protocol(name, &desc, spec).await?;
         self.clb_sync_instances(name, &desc, &ids).await?;
         self.clb_node_rules(cluster, &sgs[0], &ids, true).await?;
         desc.dns_name().map(String::from).ok_or_else(|| {
@@ -463,7 +465,9 @@ impl AwsCloud {
         .map(|_| ())
     }
 
-    async fn clb_cross_zone(&self, name: &str, on: bool) -> CloudResult<()> {
+    /// Access logs, connection draining, idle timeout and cross-zone balancing as the
+    /// annotations say, upstream's defaults where they say nothing (off, off, 60 s, off).
+    async fn clb_attributes(&self, name: &str, spec: &LbSpec) -> CloudResult<()> {
         let elb = self.clients().await?.elb.clone();
         let now = self
             .call(
@@ -473,15 +477,55 @@ impl AwsCloud {
                     .send(),
             )
             .await?;
-        let current = now
-            .load_balancer_attributes()
-            .and_then(|a| a.cross_zone_load_balancing())
-            .map(|c| c.enabled());
-        if current == Some(on) {
+        let a = &spec.attributes;
+        let cross = spec.cross_zone.unwrap_or(false);
+        let now = now.load_balancer_attributes();
+        let log = now.and_then(|n| n.access_log());
+        let drain = now.and_then(|n| n.connection_draining());
+        let same = now
+            .and_then(|n| n.cross_zone_load_balancing())
+            .map(|c| c.enabled())
+            == Some(cross)
+            && log.map(|l| l.enabled()) == Some(a.access_log)
+            && (!a.access_log
+                || (log.and_then(|l| l.s3_bucket_name()).unwrap_or_default()
+                    == a.access_log_bucket
+                    && log.and_then(|l| l.s3_bucket_prefix()).unwrap_or_default()
+                        == a.access_log_prefix
+                    && (a.access_log_interval.is_none()
+                        || log.and_then(|l| l.emit_interval()) == a.access_log_interval)))
+            && drain.map(|d| d.enabled()) == Some(a.draining)
+            && (a.draining_timeout.is_none()
+                || drain.and_then(|d| d.timeout()) == a.draining_timeout)
+            && now
+                .and_then(|n| n.connection_settings())
+                .map(|c| c.idle_timeout())
+                == Some(a.idle_timeout);
+        if same {
             return Ok(());
         }
+        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
         let attrs = LoadBalancerAttributes::builder()
-            .cross_zone_load_balancing(CrossZoneLoadBalancing::builder().enabled(on).build())
+            .cross_zone_load_balancing(CrossZoneLoadBalancing::builder().enabled(cross).build())
+            .access_log(
+                AccessLog::builder()
+                    .enabled(a.access_log)
+                    .set_s3_bucket_name(non_empty(&a.access_log_bucket))
+                    .set_s3_bucket_prefix(non_empty(&a.access_log_prefix))
+                    .set_emit_interval(a.access_log_interval)
+                    .build(),
+            )
+            .connection_draining(
+                ConnectionDraining::builder()
+                    .enabled(a.draining)
+                    .set_timeout(a.draining_timeout)
+                    .build(),
+            )
+            .connection_settings(built(
+                ConnectionSettings::builder()
+                    .idle_timeout(a.idle_timeout)
+                    .build(),
+            )?)
             .build();
         self.call(
             "ModifyLoadBalancerAttributes",
@@ -492,6 +536,71 @@ impl AwsCloud {
         )
         .await
         .map(|_| ())
+    }
+
+    /// PROXY protocol on every backend port when the annotation asks for it, off elsewhere,
+    /// with upstream's policy `k8s-proxyprotocol-enabled`.
+    async fn clb_proxy_protocol(
+        &self,
+        name: &str,
+        d: &LoadBalancerDescription,
+        spec: &LbSpec,
+    ) -> CloudResult<()> {
+        let on: BTreeSet<i32> = d
+            .backend_server_descriptions()
+            .iter()
+            .filter(|b| b.policy_names().iter().any(|p| p == PROXY_POLICY))
+            .filter_map(|b| b.instance_port())
+            .collect();
+        let want: BTreeSet<i32> = if spec.proxy_protocol {
+            spec.ports.iter().map(|p| p.node_port).collect()
+        } else {
+            BTreeSet::new()
+        };
+        if on == want {
+            return Ok(());
+        }
+        let elb = self.clients().await?.elb.clone();
+        if !want.is_empty() {
+            let created = self
+                .call_raw(
+                    "CreateLoadBalancerPolicy",
+                    elb.create_load_balancer_policy()
+                        .load_balancer_name(name)
+                        .policy_name(PROXY_POLICY)
+                        .policy_type_name("ProxyProtocolPolicyType")
+                        .policy_attributes(
+                            PolicyAttribute::builder()
+                                .attribute_name("ProxyProtocol")
+                                .attribute_value("true")
+                                .build(),
+                        )
+                        .send(),
+                )
+                .await;
+            match created {
+                Ok(_) => {}
+                Err(e) if error::code(&e) == Some("DuplicatePolicyName") => {}
+                Err(e) => return Err(error::map("CreateLoadBalancerPolicy", e)),
+            }
+        }
+        for port in want.symmetric_difference(&on) {
+            let policies = if want.contains(port) {
+                vec![PROXY_POLICY.to_string()]
+            } else {
+                Vec::new()
+            };
+            self.call(
+                "SetLoadBalancerPoliciesForBackendServer",
+                elb.set_load_balancer_policies_for_backend_server()
+                    .load_balancer_name(name)
+                    .instance_port(*port)
+                    .set_policy_names(Some(policies))
+                    .send(),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     async fn clb_sync_instances(

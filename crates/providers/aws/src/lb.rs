@@ -123,6 +123,24 @@ impl AwsCloud {
     }
 }
 
+/// The nodes the Service's LB sends traffic to: those carrying every label of the
+/// target-node-labels annotation (an empty value matches any), as upstream's `filterTargetNodes`.
+fn target_nodes(service: &Service, nodes: &[Node]) -> Vec<Node> {
+    let want = annotations::target_node_labels(service);
+    nodes
+        .iter()
+        .filter(|n| {
+            let labels = n.metadata.labels.as_ref();
+            want.iter().all(|(k, v)| {
+                labels
+                    .and_then(|l| l.get(k))
+                    .is_some_and(|have| v.is_empty() || have == v)
+            })
+        })
+        .cloned()
+        .collect()
+}
+
 /// Whether a parse error is the Service's fault (a refused or malformed annotation or field),
 /// rather than "not yet" (a nodePort to come) or "not ours" (another controller's LB type).
 fn refused(e: &CloudError) -> bool {
@@ -164,6 +182,7 @@ impl LoadBalancer for AwsCloud {
         nodes: &[Node],
     ) -> CloudResult<LoadBalancerStatus> {
         let name = default_load_balancer_name(service);
+        let nodes = &target_nodes(service, nodes);
         let spec = match annotations::parse(service) {
             Ok(s) => s,
             Err(e) if !refused(&e) => return Err(e),
@@ -191,6 +210,7 @@ impl LoadBalancer for AwsCloud {
         service: &Service,
         nodes: &[Node],
     ) -> CloudResult<()> {
+        let nodes = &target_nodes(service, nodes);
         // A refused or invalid annotation never stops the backends following the nodes:
         // the ensure reports it (a Warning Event) and retries.
         let spec = match annotations::parse(service) {

@@ -11,7 +11,8 @@ use aws_sdk_ec2::types::{Filter, IpPermission, IpRange};
 use crate::sg::{self, Rule};
 use aws_sdk_elasticloadbalancingv2::types::{
     Action, ActionTypeEnum, LoadBalancerAttribute, LoadBalancerSchemeEnum, LoadBalancerTypeEnum,
-    ProtocolEnum, Tag, TargetDescription, TargetGroup, TargetTypeEnum,
+    ProtocolEnum, SubnetMapping, Tag, TargetDescription, TargetGroup, TargetGroupAttribute,
+    TargetTypeEnum,
 };
 use ccm_cloud::{CloudError, CloudResult, Node};
 
@@ -38,6 +39,58 @@ pub(crate) struct NlbTargets {
 pub const CLIENT_RULE: &str = "kubernetes.io/rule/nlb/client=";
 /// Description prefix of the health-check rules.
 pub const HEALTH_RULE: &str = "kubernetes.io/rule/nlb/health=";
+
+/// One mapping per subnet, with the EIP allocation or private address the annotations give
+/// for it, as upstream's `createSubnetMappings` (the counts must match, as upstream checks).
+fn subnet_mappings(spec: &LbSpec, subnets: Vec<String>) -> CloudResult<Vec<SubnetMapping>> {
+    use crate::annotations::{EIP_ALLOCATIONS, PRIVATE_IPV4};
+    for (key, list) in [
+        (EIP_ALLOCATIONS, &spec.eip_allocations),
+        (PRIVATE_IPV4, &spec.private_ipv4),
+    ] {
+        if !list.is_empty() && list.len() != subnets.len() {
+            return Err(CloudError::Permanent(format!(
+                "annotation {key}: must have the same number of entries ({}) as the load balancer has subnets ({})",
+                list.len(),
+                subnets.len()
+            )));
+        }
+    }
+    if !spec.eip_allocations.is_empty() && spec.internal {
+        return Err(CloudError::Permanent(format!(
+            "annotation {}: Elastic IPs are for internet-facing NLBs",
+            crate::annotations::EIP_ALLOCATIONS
+        )));
+    }
+    if !spec.private_ipv4.is_empty() && !spec.internal {
+        return Err(CloudError::Permanent(format!(
+            "annotation {}: private IPv4 addresses are for internal NLBs",
+            crate::annotations::PRIVATE_IPV4
+        )));
+    }
+    Ok(subnets
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            SubnetMapping::builder()
+                .subnet_id(s)
+                .set_allocation_id(spec.eip_allocations.get(i).cloned())
+                .set_private_ipv4_address(spec.private_ipv4.get(i).cloned())
+                .build()
+        })
+        .collect())
+}
+
+/// Target-group attributes with a known default, restored when the annotation drops them.
+const TG_DEFAULTS: &[(&str, &str)] = &[
+    ("proxy_protocol_v2.enabled", "false"),
+    ("deregistration_delay.timeout_seconds", "300"),
+    (
+        "deregistration_delay.connection_termination.enabled",
+        "false",
+    ),
+    ("stickiness.enabled", "false"),
+];
 
 /// Up to 8 of the ASCII letters and digits of `s` (upstream's `invalidELBV2NameRegex` and
 /// `%.8s`).
@@ -181,7 +234,7 @@ impl AwsCloud {
                     .name(name)
                     .r#type(LoadBalancerTypeEnum::Network)
                     .scheme(scheme)
-                    .set_subnets(Some(subnets))
+                    .set_subnet_mappings(Some(subnet_mappings(spec, subnets)?))
                     .set_tags(Some(tags))
                     .send(),
             )
@@ -332,6 +385,7 @@ impl AwsCloud {
                     .await?
             }
         };
+        self.nlb_target_group_attributes(&arn, spec).await?;
         self.nlb_sync_targets(&arn, p.node_port, ids).await?;
         Ok(arn)
     }
@@ -514,9 +568,11 @@ impl AwsCloud {
         Ok(())
     }
 
-    async fn nlb_cross_zone(&self, arn: &str, on: bool) -> CloudResult<()> {
+    /// Cross-zone balancing and access logs as upstream's `reconcileLBAttributes`: off unless
+    /// the annotations say on; the bucket and prefix only sent while logs are on (AWS refuses
+    /// an empty bucket).
+    async fn nlb_attributes(&self, arn: &str, spec: &LbSpec) -> CloudResult<()> {
         let elbv2 = self.clients().await?.elbv2.clone();
-        const KEY: &str = "load_balancing.cross_zone.enabled";
         let now = self
             .call(
                 "DescribeLoadBalancerAttributes",
@@ -526,12 +582,28 @@ impl AwsCloud {
                     .send(),
             )
             .await?;
-        let value = on.to_string();
-        if now
-            .attributes()
-            .iter()
-            .any(|a| a.key() == Some(KEY) && a.value() == Some(value.as_str()))
-        {
+        let a = &spec.attributes;
+        let mut want = vec![
+            (
+                "load_balancing.cross_zone.enabled",
+                spec.cross_zone.unwrap_or(false).to_string(),
+            ),
+            ("access_logs.s3.enabled", a.access_log.to_string()),
+        ];
+        if a.access_log {
+            want.push(("access_logs.s3.bucket", a.access_log_bucket.clone()));
+            want.push(("access_logs.s3.prefix", a.access_log_prefix.clone()));
+        }
+        let changed: Vec<LoadBalancerAttribute> = want
+            .into_iter()
+            .filter(|(k, v)| {
+                !now.attributes()
+                    .iter()
+                    .any(|a| a.key() == Some(*k) && a.value().unwrap_or_default() == v)
+            })
+            .map(|(k, v)| LoadBalancerAttribute::builder().key(k).value(v).build())
+            .collect();
+        if changed.is_empty() {
             return Ok(());
         }
         self.call(
@@ -539,12 +611,60 @@ impl AwsCloud {
             elbv2
                 .modify_load_balancer_attributes()
                 .load_balancer_arn(arn)
-                .attributes(
-                    LoadBalancerAttribute::builder()
-                        .key(KEY)
-                        .value(value)
-                        .build(),
-                )
+                .set_attributes(Some(changed))
+                .send(),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// The target-group-attributes annotation's attributes, PROXY protocol v2 as the
+    /// proxy-protocol annotation says, and known defaults back where the annotation dropped one.
+    async fn nlb_target_group_attributes(&self, arn: &str, spec: &LbSpec) -> CloudResult<()> {
+        let elbv2 = self.clients().await?.elbv2.clone();
+        let now = self
+            .call(
+                "DescribeTargetGroupAttributes",
+                elbv2
+                    .describe_target_group_attributes()
+                    .target_group_arn(arn)
+                    .send(),
+            )
+            .await?;
+        let current = |k: &str| {
+            now.attributes()
+                .iter()
+                .find(|a| a.key() == Some(k))
+                .and_then(|a| a.value())
+                .map(String::from)
+        };
+        let mut want = spec.tg_attributes.clone();
+        want.insert(
+            "proxy_protocol_v2.enabled".into(),
+            spec.proxy_protocol.to_string(),
+        );
+        for (k, v) in TG_DEFAULTS {
+            if !want.contains_key(*k) && current(k).is_some_and(|c| c != *v) {
+                want.insert(k.to_string(), v.to_string());
+            }
+        }
+        let changed: Vec<TargetGroupAttribute> = want
+            .iter()
+            .filter(|(k, v)| current(k).as_deref() != Some(v.as_str()))
+            .filter(|(k, v)| {
+                !(current(k).is_none() && *k == "proxy_protocol_v2.enabled" && *v == "false")
+            })
+            .map(|(k, v)| TargetGroupAttribute::builder().key(k).value(v).build())
+            .collect();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        self.call(
+            "ModifyTargetGroupAttributes",
+            elbv2
+                .modify_target_group_attributes()
+                .target_group_arn(arn)
+                .set_attributes(Some(changed))
                 .send(),
         )
         .await
@@ -692,9 +812,7 @@ impl AwsCloud {
         let groups = self
             .nlb_sync_listeners(cluster, &lb, spec, &ids, fresh)
             .await?;
-        if let Some(on) = spec.cross_zone {
-            self.nlb_cross_zone(&lb.arn, on).await?;
-        }
+        self.nlb_attributes(&lb.arn, spec).await?;
         self.nlb_sync_rules(cluster, name, &lb.vpc, Some(spec), &ids, true)
             .await?;
         if lb.dns.is_empty() {

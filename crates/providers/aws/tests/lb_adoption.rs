@@ -284,13 +284,30 @@ async fn sample(
             let Some(tg) = a.target_group_arn() else {
                 continue;
             };
-            let h = world
+            let n = match world
                 .elbv2
                 .describe_target_health()
                 .target_group_arn(tg)
                 .send()
-                .await;
-            let n = h.map(|h| h.target_health_descriptions().len()).unwrap_or(0);
+                .await
+            {
+                Ok(h) => h.target_health_descriptions().len(),
+                // Deleted since the listeners were read: fine if no listener forwards to it now.
+                Err(_) => {
+                    let now = world
+                        .elbv2
+                        .describe_listeners()
+                        .load_balancer_arn(nlb_arn)
+                        .send()
+                        .await?;
+                    let still = now.listeners().iter().any(|l| {
+                        l.default_actions()
+                            .iter()
+                            .any(|a| a.target_group_arn() == Some(tg))
+                    });
+                    if still { 0 } else { 1 }
+                }
+            };
             if n == 0 {
                 seen.lock()
                     .empty
