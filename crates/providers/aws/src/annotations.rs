@@ -68,33 +68,56 @@ pub const DRAINING_TIMEOUT: &str =
 pub const IDLE_TIMEOUT: &str =
     "service.beta.kubernetes.io/aws-load-balancer-connection-idle-timeout";
 
-/// Upstream annotations not implemented yet whose absence would change what the LB exposes or
-/// where traffic goes: a Service carrying one gets an error (a Warning Event) instead of a load
-/// balancer that silently differs. (The access-log and connection-draining/idle annotations only
-/// tune an LB that works without them; they are ignored, as docs/providers/aws.md says.)
-const REFUSED: &[(&str, &str)] = &[
-    (
-        "ssl-cert",
-        "TLS listeners are not implemented yet; the LB would serve plain TCP",
-    ),
-    ("ssl-ports", "TLS listeners are not implemented yet"),
-    (
-        "ssl-negotiation-policy",
-        "TLS listeners are not implemented yet",
-    ),
-    ("backend-protocol", "only TCP listeners are implemented yet"),
-];
+/// `aws-load-balancer-ssl-cert`: an ACM or IAM certificate ARN for TLS listeners.
+pub const SSL_CERT: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-cert";
+/// `aws-load-balancer-ssl-ports`: `*` or port numbers / names that get the certificate.
+pub const SSL_PORTS: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-ports";
+/// `aws-load-balancer-ssl-negotiation-policy`: a predefined AWS TLS policy.
+pub const SSL_POLICY: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-negotiation-policy";
+/// `aws-load-balancer-backend-protocol`: `http`, `https`, `ssl` or `tcp`.
+pub const BACKEND_PROTOCOL: &str = "service.beta.kubernetes.io/aws-load-balancer-backend-protocol";
 
-fn refused(ann: &BTreeMap<String, String>) -> CloudResult<()> {
-    for (suffix, why) in REFUSED {
-        let key = format!("{PREFIX}{suffix}");
-        if ann.contains_key(&key) {
-            return Err(CloudError::Permanent(format!(
-                "annotation {key} is not supported by ccm-rs's AWS provider yet: {why}; remove it to get a load balancer without it"
-            )));
-        }
+/// TLS settings of the Service: the certificate, its policy and the backend protocol.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Tls {
+    pub cert: Option<String>,
+    pub policy: Option<String>,
+    /// Lowercase, validated: `http`, `https`, `ssl` or `tcp`.
+    pub backend: Option<String>,
+}
+
+fn tls(ann: &BTreeMap<String, String>) -> CloudResult<Tls> {
+    let backend = ann
+        .get(BACKEND_PROTOCOL)
+        .map(|v| v.trim().to_lowercase())
+        .filter(|v| !v.is_empty());
+    if let Some(b) = &backend
+        && !["http", "https", "ssl", "tcp"].contains(&b.as_str())
+    {
+        return Err(bad(BACKEND_PROTOCOL, b, "http, https, ssl or tcp"));
     }
-    Ok(())
+    let non_empty = |k: &str| {
+        ann.get(k)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    Ok(Tls {
+        cert: non_empty(SSL_CERT),
+        policy: non_empty(SSL_POLICY),
+        backend,
+    })
+}
+
+/// Whether a port gets the certificate: every port without `ssl-ports` (or with `*`), else
+/// those it names by number or name, as upstream's `getPortSets`.
+fn tls_port(ann: &BTreeMap<String, String>, port: i32, name: &str) -> bool {
+    match ann.get(SSL_PORTS).map(|v| v.trim()) {
+        None | Some("") | Some("*") => true,
+        Some(list) => list
+            .split(',')
+            .map(str::trim)
+            .any(|p| p == port.to_string() || (!name.is_empty() && p.eq_ignore_ascii_case(name))),
+    }
 }
 
 /// Health check settings (`aws-load-balancer-healthcheck-*`).
@@ -128,6 +151,8 @@ pub struct PortMap {
     pub node_port: i32,
     /// A UDP port (NLB only); else TCP.
     pub udp: bool,
+    /// The port serves TLS with the ssl-cert annotation's certificate.
+    pub tls: bool,
 }
 
 impl PortMap {
@@ -164,6 +189,8 @@ pub struct LbSpec {
     pub tg_attributes: BTreeMap<String, String>,
     /// Access logs, draining, idle timeout: the Classic ELB's attributes (access logs also NLB).
     pub attributes: Attributes,
+    /// Certificate, TLS policy, backend protocol.
+    pub tls: Tls,
     /// `namespace/name`, for the `kubernetes.io/service-name` tag.
     pub service_name: String,
 }
@@ -411,7 +438,8 @@ fn source_ranges(svc: &Service, ann: &BTreeMap<String, String>) -> CloudResult<V
 /// The Service's ports, checked as upstream checks them: some ports, one protocol for all
 /// (upstream refuses mixed protocols), TCP, or UDP on an NLB; no `loadBalancerIP` and no
 /// session affinity (ELBs have none for TCP). Each refusal names the field.
-fn ports(svc: &Service, kind: Kind) -> CloudResult<Vec<PortMap>> {
+fn ports(svc: &Service, kind: Kind, ann: &BTreeMap<String, String>) -> CloudResult<Vec<PortMap>> {
+    let cert = ann.get(SSL_CERT).is_some_and(|c| !c.trim().is_empty());
     let spec = svc.spec.as_ref();
     let field = |f: &str, msg: String| CloudError::Permanent(format!("{f}: {msg}"));
     if let Some(a) = spec.and_then(|s| s.session_affinity.as_deref())
@@ -473,10 +501,12 @@ fn ports(svc: &Service, kind: Kind) -> CloudResult<Vec<PortMap>> {
                 format!("port {} has no nodePort yet", p.port),
             )
         })?;
+        let name = p.name.as_deref().unwrap_or_default();
         out.push(PortMap {
             port: p.port,
             node_port,
             udp,
+            tls: cert && !udp && tls_port(ann, p.port, name),
         });
     }
     out.sort();
@@ -487,7 +517,6 @@ fn ports(svc: &Service, kind: Kind) -> CloudResult<Vec<PortMap>> {
 pub fn parse(svc: &Service) -> CloudResult<LbSpec> {
     let ann = svc.metadata.annotations.clone().unwrap_or_default();
     let kind = kind(&ann)?;
-    refused(&ann)?;
     if kind == Kind::Network
         && let Some(t) = ann.get(NLB_TARGET_TYPE).map(|v| v.trim())
         && t != "instance"
@@ -498,7 +527,7 @@ pub fn parse(svc: &Service) -> CloudResult<LbSpec> {
             "instance (ip targets are not supported yet)",
         ));
     }
-    let ports = ports(svc, kind)?;
+    let ports = ports(svc, kind, &ann)?;
     let source_ranges = source_ranges(svc, &ann)?;
     Ok(LbSpec {
         kind,
@@ -517,6 +546,7 @@ pub fn parse(svc: &Service) -> CloudResult<LbSpec> {
         private_ipv4: list(&ann, PRIVATE_IPV4),
         tg_attributes: key_values(&ann, TG_ATTRIBUTES),
         attributes: attributes(&ann)?,
+        tls: tls(&ann)?,
         service_name: format!(
             "{}/{}",
             svc.metadata.namespace.as_deref().unwrap_or("default"),
@@ -557,12 +587,14 @@ mod tests {
                 PortMap {
                     port: 80,
                     node_port: 30080,
-                    udp: false
+                    udp: false,
+                    tls: false
                 },
                 PortMap {
                     port: 443,
                     node_port: 30443,
-                    udp: false
+                    udp: false,
+                    tls: false
                 }
             ]
         );
@@ -648,19 +680,21 @@ mod tests {
     }
 
     #[test]
-    fn annotations_that_change_exposure_are_refused_not_ignored() {
-        let cert = "service.beta.kubernetes.io/aws-load-balancer-ssl-cert";
-        let e = parse(&svc(
-            &[(cert, "arn:aws:acm:us-east-1:1:certificate/x")],
-            false,
-        ))
-        .expect_err("TLS is not implemented");
+    fn the_certificate_goes_to_the_ssl_ports() {
+        let cert = (SSL_CERT, "arn:aws:acm:us-east-1:1:certificate/x");
+        let s = parse(&svc(&[cert], false)).expect("ok");
+        assert!(s.ports.iter().all(|p| p.tls), "no ssl-ports: every port");
+        let s = parse(&svc(&[cert, (SSL_PORTS, "443")], false)).expect("ok");
+        let tls: Vec<i32> = s.ports.iter().filter(|p| p.tls).map(|p| p.port).collect();
+        assert_eq!(tls, vec![443]);
+        let e = parse(&svc(&[cert, (BACKEND_PROTOCOL, "grpc")], false)).expect_err("bad");
+        assert!(e.to_string().contains(BACKEND_PROTOCOL), "{e}");
         assert!(
-            matches!(&e, CloudError::Permanent(m) if m.contains(cert) && m.contains("plain TCP")),
-            "{e:?}"
+            !parse(&svc(&[], false))
+                .expect("ok")
+                .ports
+                .iter()
+                .any(|p| p.tls)
         );
-        // Tuning-only annotations are ignored: the LB works without them.
-        let idle = "service.beta.kubernetes.io/aws-load-balancer-connection-idle-timeout";
-        assert!(parse(&svc(&[(idle, "120")], false)).is_ok());
     }
 }

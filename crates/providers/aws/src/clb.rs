@@ -34,6 +34,39 @@ fn built<T, E: std::fmt::Display>(r: Result<T, E>) -> CloudResult<T> {
     r.map_err(|e| CloudError::Permanent(format!("building an AWS request: {e}")))
 }
 
+/// A Classic ELB listener as upstream's `buildListener`: with the certificate SSL to TCP, or per
+/// the backend protocol (`https`/`http` → HTTPS, `ssl`/`tcp` → SSL); without it TCP, or HTTP
+/// for an `http` backend.
+fn clb_listener(spec: &LbSpec, p: &crate::annotations::PortMap) -> CloudResult<Listener> {
+    let backend = spec.tls.backend.as_deref();
+    let (front, back, cert) = if p.tls {
+        let front = match backend {
+            None => "SSL",
+            Some("https") | Some("http") => "HTTPS",
+            Some(_) => "SSL",
+        };
+        (front, backend.unwrap_or("tcp"), spec.tls.cert.clone())
+    } else if backend == Some("http") {
+        ("HTTP", "http", None)
+    } else {
+        ("TCP", "tcp", None)
+    };
+    built(
+        Listener::builder()
+            .protocol(front)
+            .load_balancer_port(p.port)
+            .instance_protocol(back.to_uppercase())
+            .instance_port(p.node_port)
+            .set_ssl_certificate_id(cert)
+            .build(),
+    )
+}
+
+/// Upstream's name for the ELB policy carrying an SSL negotiation policy.
+fn ssl_policy_name(policy: &str) -> String {
+    format!("k8s-SSLNegotiationPolicy-{policy}")
+}
+
 /// Upstream's PROXY protocol policy name.
 pub const PROXY_POLICY: &str = "k8s-proxyprotocol-enabled";
 
@@ -326,16 +359,7 @@ impl AwsCloud {
         let listeners: Vec<Listener> = spec
             .ports
             .iter()
-            .map(|p| {
-                built(
-                    Listener::builder()
-                        .protocol("TCP")
-                        .load_balancer_port(p.port)
-                        .instance_protocol("TCP")
-                        .instance_port(p.node_port)
-                        .build(),
-                )
-            })
+            .map(|p| clb_listener(spec, p))
             .collect::<CloudResult<_>>()?;
         let existing = self.clb_describe(name).await?;
         let desc = match existing {
@@ -374,6 +398,9 @@ impl AwsCloud {
         self.clb_sync_health(name, &desc, spec).await?;
         self.clb_attributes(name, spec).await?;
         self.clb_proxy_protocol(name, &desc, spec).await?;
+        if let Some(policy) = &spec.tls.policy {
+            self.clb_ssl_policy(name, spec, policy).await?;
+        }
         self.clb_sync_instances(name, &desc, &ids).await?;
         self.clb_node_rules(cluster, &sgs[0], &ids, true).await?;
         desc.dns_name().map(String::from).ok_or_else(|| {
@@ -400,6 +427,9 @@ impl AwsCloud {
             a.load_balancer_port() == b.load_balancer_port()
                 && a.instance_port() == b.instance_port()
                 && a.protocol().eq_ignore_ascii_case(b.protocol())
+                && a.instance_protocol().map(str::to_uppercase)
+                    == b.instance_protocol().map(str::to_uppercase)
+                && a.ssl_certificate_id() == b.ssl_certificate_id()
         };
         let stale: Vec<i32> = have
             .iter()
@@ -411,12 +441,13 @@ impl AwsCloud {
             .filter(|w| !have.iter().any(|h| same(w, h)))
             .cloned()
             .collect();
-        if !stale.is_empty() {
+        // One port per call: moto drops only some of several (listener changes are rare).
+        for port in stale {
             self.call(
                 "DeleteLoadBalancerListeners",
                 elb.delete_load_balancer_listeners()
                     .load_balancer_name(name)
-                    .set_load_balancer_ports(Some(stale))
+                    .load_balancer_ports(port)
                     .send(),
             )
             .await?;
@@ -536,6 +567,56 @@ impl AwsCloud {
         )
         .await
         .map(|_| ())
+    }
+
+    /// The SSL negotiation policy on every SSL/HTTPS listener, as upstream: the ELB policy
+    /// `k8s-SSLNegotiationPolicy-<policy>` referencing the predefined one, created if missing.
+    async fn clb_ssl_policy(&self, name: &str, spec: &LbSpec, policy: &str) -> CloudResult<()> {
+        let elb = self.clients().await?.elb.clone();
+        let policy_name = ssl_policy_name(policy);
+        let found = self
+            .call_raw(
+                "DescribeLoadBalancerPolicies",
+                elb.describe_load_balancer_policies()
+                    .load_balancer_name(name)
+                    .policy_names(&policy_name)
+                    .send(),
+            )
+            .await;
+        let exists = match found {
+            Ok(out) => !out.policy_descriptions().is_empty(),
+            Err(e) if error::code(&e) == Some("PolicyNotFound") => false,
+            Err(e) => return Err(error::map("DescribeLoadBalancerPolicies", e)),
+        };
+        if !exists {
+            self.call(
+                "CreateLoadBalancerPolicy",
+                elb.create_load_balancer_policy()
+                    .load_balancer_name(name)
+                    .policy_name(&policy_name)
+                    .policy_type_name("SSLNegotiationPolicyType")
+                    .policy_attributes(
+                        PolicyAttribute::builder()
+                            .attribute_name("Reference-Security-Policy")
+                            .attribute_value(policy)
+                            .build(),
+                    )
+                    .send(),
+            )
+            .await?;
+        }
+        for p in spec.ports.iter().filter(|p| p.tls) {
+            self.call(
+                "SetLoadBalancerPoliciesOfListener",
+                elb.set_load_balancer_policies_of_listener()
+                    .load_balancer_name(name)
+                    .load_balancer_port(p.port)
+                    .policy_names(&policy_name)
+                    .send(),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// PROXY protocol on every backend port when the annotation asks for it, off elsewhere,

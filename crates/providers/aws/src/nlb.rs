@@ -10,9 +10,9 @@ use aws_sdk_ec2::types::{Filter, IpPermission, IpRange};
 
 use crate::sg::{self, Rule};
 use aws_sdk_elasticloadbalancingv2::types::{
-    Action, ActionTypeEnum, LoadBalancerAttribute, LoadBalancerSchemeEnum, LoadBalancerTypeEnum,
-    ProtocolEnum, SubnetMapping, Tag, TargetDescription, TargetGroup, TargetGroupAttribute,
-    TargetTypeEnum,
+    Action, ActionTypeEnum, Certificate, Listener, LoadBalancerAttribute, LoadBalancerSchemeEnum,
+    LoadBalancerTypeEnum, ProtocolEnum, SubnetMapping, Tag, TargetDescription, TargetGroup,
+    TargetGroupAttribute, TargetTypeEnum,
 };
 use ccm_cloud::{CloudError, CloudResult, Node};
 
@@ -81,6 +81,53 @@ fn subnet_mappings(spec: &LbSpec, subnets: Vec<String>) -> CloudResult<Vec<Subne
         .collect())
 }
 
+/// The listener's protocol: TLS on a port with the certificate, else the port's.
+fn listener_proto(p: &PortMap) -> &'static str {
+    if p.tls { "TLS" } else { p.protocol() }
+}
+
+/// The target group's protocol: TLS to the nodes too with `backend-protocol: ssl`, as upstream.
+fn target_proto(spec: &LbSpec, p: &PortMap) -> &'static str {
+    if p.tls && spec.tls.backend.as_deref() == Some("ssl") {
+        "TLS"
+    } else {
+        p.protocol()
+    }
+}
+
+/// Whether `l` is the port's listener: same port, and UDP apart from TCP/TLS (a TCP listener
+/// turns TLS in place when the certificate comes, rather than a second listener on the port).
+fn listener_for(l: &Listener, p: &PortMap) -> bool {
+    let udp = l.protocol() == Some(&ProtocolEnum::Udp);
+    l.port() == Some(p.port) && udp == p.udp
+}
+
+/// The certificate and policy a TLS listener carries (none otherwise).
+fn listener_tls(spec: &LbSpec, p: &PortMap) -> (Option<Vec<Certificate>>, Option<String>) {
+    if !p.tls {
+        return (None, None);
+    }
+    let cert = spec
+        .tls
+        .cert
+        .as_ref()
+        .map(|c| vec![Certificate::builder().certificate_arn(c).build()]);
+    (cert, spec.tls.policy.clone())
+}
+
+/// Whether the listener already has the protocol, certificate and policy it should.
+fn listener_same(l: &Listener, spec: &LbSpec, p: &PortMap) -> bool {
+    let cert = l.certificates().first().and_then(|c| c.certificate_arn());
+    l.protocol() == Some(&ProtocolEnum::from(listener_proto(p)))
+        && if p.tls {
+            cert == spec.tls.cert.as_deref()
+                && (spec.tls.policy.is_none() || l.ssl_policy() == spec.tls.policy.as_deref())
+        } else {
+            // AWS drops the certificate with the change to TCP (moto keeps showing it).
+            true
+        }
+}
+
 /// Target-group attributes with a known default, restored when the annotation drops them.
 const TG_DEFAULTS: &[(&str, &str)] = &[
     ("proxy_protocol_v2.enabled", "false"),
@@ -118,7 +165,7 @@ pub fn target_group_name(cluster_id: &str, spec: &LbSpec, p: &PortMap) -> String
         name,
         &p.port.to_string(),
         &p.node_port.to_string(),
-        p.protocol(),
+        target_proto(spec, p),
         "instance",
         &spec.health.protocol,
         &spec.health.interval.to_string(),
@@ -133,7 +180,7 @@ pub fn target_group_name(cluster_id: &str, spec: &LbSpec, p: &PortMap) -> String
 /// cannot modify (protocol), and what upstream replaces it for (health-check protocol and
 /// interval) — so both make the same decision on the same group.
 fn must_replace(g: &TargetGroup, spec: &LbSpec, p: &PortMap) -> bool {
-    g.protocol() != Some(&ProtocolEnum::from(p.protocol()))
+    g.protocol() != Some(&ProtocolEnum::from(target_proto(spec, p)))
         || !g
             .health_check_protocol()
             .is_some_and(|p| p.as_str().eq_ignore_ascii_case(&spec.health.protocol))
@@ -287,7 +334,7 @@ impl AwsCloud {
         let mut req = elbv2
             .create_target_group()
             .name(tg)
-            .protocol(ProtocolEnum::from(p.protocol()))
+            .protocol(ProtocolEnum::from(target_proto(spec, p)))
             .port(p.node_port)
             .vpc_id(vpc)
             .target_type(TargetTypeEnum::Instance)
@@ -443,9 +490,7 @@ impl AwsCloud {
         };
         let mut wanted = Vec::new();
         for p in &spec.ports {
-            let listener = listeners.iter().find(|l| {
-                l.port() == Some(p.port) && l.protocol() == Some(&ProtocolEnum::from(p.protocol()))
-            });
+            let listener = listeners.iter().find(|l| listener_for(l, p));
             let forwards_to = listener.and_then(|l| {
                 l.default_actions()
                     .iter()
@@ -463,14 +508,18 @@ impl AwsCloud {
                 .r#type(ActionTypeEnum::Forward)
                 .target_group_arn(&arn)
                 .build();
+            let (certs, policy) = listener_tls(spec, p);
             match listener {
-                Some(_) if forwards_to == Some(arn.as_str()) => {}
+                Some(l) if forwards_to == Some(arn.as_str()) && listener_same(l, spec, p) => {}
                 Some(l) => {
                     self.call(
                         "ModifyListener",
                         elbv2
                             .modify_listener()
                             .listener_arn(l.listener_arn().unwrap_or_default())
+                            .protocol(ProtocolEnum::from(listener_proto(p)))
+                            .set_certificates(certs)
+                            .set_ssl_policy(policy)
                             .default_actions(forward)
                             .send(),
                     )
@@ -482,8 +531,10 @@ impl AwsCloud {
                         elbv2
                             .create_listener()
                             .load_balancer_arn(&lb.arn)
-                            .protocol(ProtocolEnum::from(p.protocol()))
+                            .protocol(ProtocolEnum::from(listener_proto(p)))
                             .port(p.port)
+                            .set_certificates(certs)
+                            .set_ssl_policy(policy)
                             .default_actions(forward)
                             .send(),
                     )
@@ -493,9 +544,7 @@ impl AwsCloud {
             wanted.push((arn, p.node_port));
         }
         for l in &listeners {
-            let kept = spec.ports.iter().any(|p| {
-                Some(p.port) == l.port() && l.protocol() == Some(&ProtocolEnum::from(p.protocol()))
-            });
+            let kept = spec.ports.iter().any(|p| listener_for(l, p));
             if !kept {
                 self.call(
                     "DeleteListener",

@@ -320,3 +320,155 @@ async fn nlb_annotations_set_changed_removed() -> anyhow::Result<()> {
     .await?;
     cluster.stop_ccm().await
 }
+
+/// The Classic ELB's listeners as `port:PROTO:cert?:policies` (moto reports the front protocol
+/// as the instance protocol, so that one is not compared).
+async fn clb_listeners(world: &AwsWorld, lb: &str) -> anyhow::Result<Vec<String>> {
+    let d = world
+        .elb
+        .describe_load_balancers()
+        .load_balancer_names(lb)
+        .send()
+        .await?;
+    let mut out: Vec<String> = d.load_balancer_descriptions()[0]
+        .listener_descriptions()
+        .iter()
+        .filter_map(|l| {
+            let x = l.listener()?;
+            Some(format!(
+                "{}:{}:{}:{}",
+                x.load_balancer_port(),
+                x.protocol().to_uppercase(),
+                x.ssl_certificate_id().is_some(),
+                l.policy_names().join("+")
+            ))
+        })
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_listeners_follow_the_certificate_annotations() -> anyhow::Result<()> {
+    let (world, mut cluster, _) = setup("ap-south-2").await?;
+    // moto checks no IAM certificate ARN on Classic ELBs, nor TLS certificates on NLBs.
+    let cert = "arn:aws:iam::123456789012:server-certificate/web";
+    let policy = "ELBSecurityPolicy-TLS-1-2-2017-01";
+    cluster
+        .create_service(
+            "web",
+            json!({a("ssl-cert"): cert, a("ssl-ports"): "443", a("backend-protocol"): "http",
+                a("ssl-negotiation-policy"): policy}),
+            &[80, 443],
+        )
+        .await?;
+    cluster
+        .create_service(
+            "api",
+            json!({a("type"): "nlb", a("ssl-cert"): cert, a("ssl-negotiation-policy"): policy}),
+            &[443],
+        )
+        .await?;
+    let clb = wait_for("the ELB", Duration::from_secs(60), || async {
+        let name = lb_name(&cluster, "web").await?;
+        Ok(match clb_listeners(&world, &name).await {
+            Ok(_) => Ok(name),
+            Err(e) => Err(e.to_string()),
+        })
+    })
+    .await?;
+    let want = vec![
+        "443:HTTPS:true:k8s-SSLNegotiationPolicy-ELBSecurityPolicy-TLS-1-2-2017-01".to_string(),
+        "80:HTTP:false:".to_string(),
+    ];
+    wait_for(
+        "HTTPS on 443, HTTP on 80",
+        Duration::from_secs(60),
+        || async {
+            let have = clb_listeners(&world, &clb).await?;
+            Ok(if have == want {
+                Ok(())
+            } else {
+                Err(format!("{have:?}"))
+            })
+        },
+    )
+    .await?;
+    let nlb = lb_name(&cluster, "api").await?;
+    let listener = || async {
+        let lbs = world
+            .elbv2
+            .describe_load_balancers()
+            .names(&nlb)
+            .send()
+            .await?;
+        let arn = lbs.load_balancers()[0]
+            .load_balancer_arn()
+            .unwrap_or_default()
+            .to_string();
+        let l = world
+            .elbv2
+            .describe_listeners()
+            .load_balancer_arn(&arn)
+            .send()
+            .await?;
+        let l = l.listeners().first().cloned();
+        anyhow::Ok(l.map(|l| {
+            format!(
+                "{:?} {:?} {:?}",
+                l.protocol(),
+                l.certificates()
+                    .first()
+                    .and_then(|c| c.certificate_arn().map(String::from)),
+                l.ssl_policy()
+            )
+        }))
+    };
+    let tls = format!("Some(Tls) Some({cert:?}) Some({policy:?})");
+    wait_for(
+        "a TLS listener on the NLB",
+        Duration::from_secs(60),
+        || async {
+            let have = listener().await.unwrap_or_default();
+            Ok(if have.as_deref() == Some(tls.as_str()) {
+                Ok(())
+            } else {
+                Err(format!("{have:?}"))
+            })
+        },
+    )
+    .await?;
+
+    // Certificate removed: plain TCP again, the same listeners changed in place.
+    let off = json!({a("ssl-cert"): null, a("ssl-ports"): null, a("backend-protocol"): null, a("ssl-negotiation-policy"): null});
+    annotate(&cluster, "web", off.clone()).await?;
+    annotate(&cluster, "api", off).await?;
+    wait_for("TCP listeners", Duration::from_secs(60), || async {
+        let have = clb_listeners(&world, &clb).await?;
+        let nlb_now = listener().await.unwrap_or_default().unwrap_or_default();
+        let ok = have.iter().all(|l| l.contains(":TCP:false")) && nlb_now.starts_with("Some(Tcp)");
+        Ok(if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "{have:?} {nlb_now} {:?}",
+                warnings_of(&cluster).await?
+            ))
+        })
+    })
+    .await?;
+    cluster.stop_ccm().await
+}
+
+async fn warnings_of(cluster: &Cluster) -> anyhow::Result<Vec<String>> {
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(cluster.client.clone(), "default");
+    Ok(events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .filter_map(|e| e.message)
+        .collect())
+}
