@@ -513,10 +513,81 @@ fn ports(svc: &Service, kind: Kind, ann: &BTreeMap<String, String>) -> CloudResu
     Ok(out)
 }
 
+/// `aws-load-balancer-ip-address-type`: `ipv4` or `dualstack` (NLB only, upstream).
+pub const IP_ADDRESS_TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-ip-address-type";
+/// `aws-load-balancer-target-group-ip-address-type`: `ipv4` or `ipv6` (NLB only, upstream).
+pub const TG_IP_ADDRESS_TYPE: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-target-group-ip-address-type";
+
+/// Upstream's `validateServiceAnnotations`: what only NLBs take and the target-group
+/// attributes it supports (the LB type change is checked against AWS in `lb.rs`); plus the
+/// address types, which ccm-rs serves as IPv4 only.
+fn validate(svc: &Service, ann: &BTreeMap<String, String>, kind: Kind) -> CloudResult<()> {
+    let nlb = kind == Kind::Network;
+    let refuse =
+        |key: &str, why: &str| Err(CloudError::Permanent(format!("annotation {key}: {why}")));
+    if nlb {
+        for key in [SECURITY_GROUPS, EXTRA_SECURITY_GROUPS] {
+            if ann.contains_key(key) {
+                return refuse(
+                    key,
+                    "bring-your-own security groups are not supported by NLB",
+                );
+            }
+        }
+    } else {
+        for key in [TG_ATTRIBUTES, IP_ADDRESS_TYPE, TG_IP_ADDRESS_TYPE] {
+            if ann.contains_key(key) {
+                return refuse(key, "only supported for NLB");
+            }
+        }
+    }
+    let udp = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .is_some_and(|p| p.iter().any(|p| p.protocol.as_deref() == Some("UDP")));
+    for (k, v) in key_values(ann, TG_ATTRIBUTES) {
+        match (k.as_str(), v.as_str()) {
+            ("preserve_client_ip.enabled", "false") if udp => {
+                return refuse(
+                    TG_ATTRIBUTES,
+                    "client IP preservation can't be disabled for UDP ports",
+                );
+            }
+            ("preserve_client_ip.enabled" | "proxy_protocol_v2.enabled", "true" | "false") => {}
+            ("preserve_client_ip.enabled" | "proxy_protocol_v2.enabled", v) => {
+                return Err(bad(TG_ATTRIBUTES, v, &format!("true or false for {k}")));
+            }
+            (k, _) => {
+                return refuse(
+                    TG_ATTRIBUTES,
+                    &format!(
+                        "the attribute {k:?} is not supported (preserve_client_ip.enabled, proxy_protocol_v2.enabled)"
+                    ),
+                );
+            }
+        }
+    }
+    for (key, ok) in [(IP_ADDRESS_TYPE, "ipv4"), (TG_IP_ADDRESS_TYPE, "ipv4")] {
+        if let Some(v) = ann.get(key).map(|v| v.trim())
+            && v != ok
+        {
+            return Err(bad(
+                key,
+                v,
+                "ipv4 (dual-stack load balancers are not implemented)",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reads the Service into an [`LbSpec`].
 pub fn parse(svc: &Service) -> CloudResult<LbSpec> {
     let ann = svc.metadata.annotations.clone().unwrap_or_default();
     let kind = kind(&ann)?;
+    validate(svc, &ann, kind)?;
     if kind == Kind::Network
         && let Some(t) = ann.get(NLB_TARGET_TYPE).map(|v| v.trim())
         && t != "instance"
@@ -655,6 +726,36 @@ mod tests {
             .expect("ok")
             .internal
         );
+    }
+
+    #[test]
+    fn upstream_validation_names_the_annotation() {
+        for (anns, key) in [
+            (
+                vec![(TG_ATTRIBUTES, "preserve_client_ip.enabled=false")],
+                TG_ATTRIBUTES,
+            ),
+            (
+                vec![(TYPE, "nlb"), (TG_ATTRIBUTES, "stickiness.enabled=true")],
+                TG_ATTRIBUTES,
+            ),
+            (
+                vec![(TYPE, "nlb"), (SECURITY_GROUPS, "sg-1")],
+                SECURITY_GROUPS,
+            ),
+            (
+                vec![(TYPE, "nlb"), (IP_ADDRESS_TYPE, "dualstack")],
+                IP_ADDRESS_TYPE,
+            ),
+        ] {
+            let e = parse(&svc(&anns, false)).expect_err(key);
+            assert!(e.to_string().contains(key), "{e}");
+        }
+        let ok = [
+            (TYPE, "nlb"),
+            (TG_ATTRIBUTES, "preserve_client_ip.enabled=false"),
+        ];
+        assert!(parse(&svc(&ok, false)).is_ok());
     }
 
     #[test]

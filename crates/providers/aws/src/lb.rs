@@ -148,6 +148,31 @@ fn refused(e: &CloudError) -> bool {
 }
 
 impl AwsCloud {
+    /// Upstream refuses to change the LB type of a Service that has its load balancer: the
+    /// other kind would be created beside it. Asked of AWS only once the Service has an ingress.
+    async fn type_unchanged(&self, service: &Service, name: &str, kind: Kind) -> CloudResult<()> {
+        let has_ingress = service
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|l| l.ingress.as_ref())
+            .is_some_and(|i| !i.is_empty());
+        if !has_ingress {
+            return Ok(());
+        }
+        let other = match kind {
+            Kind::Network => self.clb_dns(name).await?.is_some(),
+            Kind::Classic => self.nlb_find(name).await?.is_some(),
+        };
+        if other {
+            return Err(CloudError::Permanent(format!(
+                "annotation {}: cannot update the load balancer type after creation; delete and re-create the Service",
+                annotations::TYPE
+            )));
+        }
+        Ok(())
+    }
+
     /// The backends of whichever LB of this name exists follow `nodes`; nothing else changes.
     async fn backends_only(&self, cluster: &str, name: &str, nodes: &[Node]) -> CloudResult<()> {
         if self.clb_dns(name).await?.is_some() {
@@ -195,6 +220,7 @@ impl LoadBalancer for AwsCloud {
                 return Err(e);
             }
         };
+        self.type_unchanged(service, &name, spec.kind).await?;
         let ids = self.node_instance_ids(nodes).await?;
         let dns = match spec.kind {
             Kind::Classic => self.clb_ensure(cluster, &name, &spec, nodes).await?,

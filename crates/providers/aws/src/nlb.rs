@@ -688,10 +688,12 @@ impl AwsCloud {
                 .map(String::from)
         };
         let mut want = spec.tg_attributes.clone();
-        want.insert(
-            "proxy_protocol_v2.enabled".into(),
-            spec.proxy_protocol.to_string(),
-        );
+        let proxy = want
+            .entry("proxy_protocol_v2.enabled".into())
+            .or_insert_with(|| "false".into());
+        if spec.proxy_protocol {
+            *proxy = "true".into();
+        }
         for (k, v) in TG_DEFAULTS {
             if !want.contains_key(*k) && current(k).is_some_and(|c| c != *v) {
                 want.insert(k.to_string(), v.to_string());

@@ -238,8 +238,8 @@ async fn nlb_state(world: &AwsWorld, lb: &str) -> anyhow::Result<Option<String>>
             .to_string()
     };
     Ok(Some(format!(
-        "delay={} proxy={} logs={}",
-        get("deregistration_delay.timeout_seconds"),
+        "preserve={} proxy={} logs={}",
+        get("preserve_client_ip.enabled"),
         get("proxy_protocol_v2.enabled"),
         lb_get("access_logs.s3.enabled"),
     )))
@@ -265,7 +265,7 @@ async fn nlb_annotations_set_changed_removed() -> anyhow::Result<()> {
             "api",
             json!({
                 a("type"): "nlb",
-                a("target-group-attributes"): "deregistration_delay.timeout_seconds=60",
+                a("target-group-attributes"): "preserve_client_ip.enabled=false",
                 a("proxy-protocol"): "*",
                 a("access-log-enabled"): "true",
                 a("access-log-s3-bucket-name"): "logs",
@@ -274,21 +274,21 @@ async fn nlb_annotations_set_changed_removed() -> anyhow::Result<()> {
         )
         .await?;
     let lb = lb_name(&cluster, "api").await?;
-    nlb_becomes(&world, &lb, "delay=60 proxy=true logs=true").await?;
+    nlb_becomes(&world, &lb, "preserve=false proxy=true logs=true").await?;
     annotate(
         &cluster,
         "api",
-        json!({a("target-group-attributes"): "deregistration_delay.timeout_seconds=120"}),
+        json!({a("target-group-attributes"): "preserve_client_ip.enabled=true,proxy_protocol_v2.enabled=true"}),
     )
     .await?;
-    nlb_becomes(&world, &lb, "delay=120 proxy=true logs=true").await?;
+    nlb_becomes(&world, &lb, "preserve=true proxy=true logs=true").await?;
     annotate(
         &cluster,
         "api",
         json!({a("target-group-attributes"): null, a("proxy-protocol"): null, a("access-log-enabled"): null}),
     )
     .await?;
-    nlb_becomes(&world, &lb, "delay=300 proxy=false logs=false").await?;
+    nlb_becomes(&world, &lb, "preserve=true proxy=false logs=false").await?;
 
     // A value upstream refuses: a Warning naming it, the LB left as it is.
     annotate(&cluster, "api", json!({a("proxy-protocol"): "v2"})).await?;
