@@ -65,6 +65,8 @@ pub(crate) struct Memory {
     pub sg_rules: std::collections::HashSet<(String, String)>,
     /// Names of Fargate and hybrid Nodes: no EC2 instance behind them.
     pub not_ec2: std::collections::HashSet<String>,
+    /// Which security groups the cluster owns, for the load-balancer rules.
+    pub lb_groups: crate::sg::GroupMemory,
 }
 
 pub(crate) struct Inner {

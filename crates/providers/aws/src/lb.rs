@@ -121,101 +121,67 @@ impl AwsCloud {
             )
         })
     }
+}
 
-    /// Security groups of the nodes' instances (from memory, filled by instance lookups).
-    pub(crate) async fn node_security_groups(
-        &self,
-        instance_ids: &BTreeSet<String>,
-    ) -> CloudResult<BTreeSet<String>> {
-        let missing: Vec<String> = {
-            let mem = self.inner.memory.lock();
-            instance_ids
-                .iter()
-                .filter(|id| !mem.instances.contains_key(*id))
-                .cloned()
-                .collect()
-        };
-        if !missing.is_empty() {
-            self.instances_by_id(missing).await?;
-        }
-        let mem = self.inner.memory.lock();
-        Ok(instance_ids
-            .iter()
-            .filter_map(|id| mem.instances.get(id))
-            .flat_map(|k| k.security_groups.iter().cloned())
-            .collect())
-    }
+/// The nodes the Service's LB sends traffic to: those carrying every label of the
+/// target-node-labels annotation (an empty value matches any), as upstream's `filterTargetNodes`.
+fn target_nodes(service: &Service, nodes: &[Node]) -> Vec<Node> {
+    let want = annotations::target_node_labels(service);
+    nodes
+        .iter()
+        .filter(|n| {
+            let labels = n.metadata.labels.as_ref();
+            want.iter().all(|(k, v)| {
+                labels
+                    .and_then(|l| l.get(k))
+                    .is_some_and(|have| v.is_empty() || have == v)
+            })
+        })
+        .cloned()
+        .collect()
+}
 
-    /// Subnets for the LB: the annotation's (ids or Name tags), else one subnet per zone among
-    /// the VPC's subnets tagged for the cluster, preferring the `kubernetes.io/role/elb` (or
-    /// `internal-elb`) role tag, as upstream.
-    pub(crate) async fn lb_subnets(
-        &self,
-        cluster: &str,
-        vpc: &str,
-        spec: &LbSpec,
-    ) -> CloudResult<Vec<String>> {
-        let ec2 = self.clients().await?.ec2.clone();
-        let mut req = ec2
-            .describe_subnets()
-            .filters(Filter::builder().name("vpc-id").values(vpc).build());
-        if spec.subnets.is_empty() {
-            req = req.filters(
-                Filter::builder()
-                    .name("tag-key")
-                    .values(format!("{CLUSTER_TAG_PREFIX}{}", self.cluster_id(cluster)))
-                    .build(),
-            );
+/// Whether a parse error is the Service's fault (a refused or malformed annotation or field),
+/// rather than "not yet" (a nodePort to come) or "not ours" (another controller's LB type).
+fn refused(e: &CloudError) -> bool {
+    matches!(e, CloudError::Permanent(_))
+}
+
+impl AwsCloud {
+    /// Upstream refuses to change the LB type of a Service that has its load balancer: the
+    /// other kind would be created beside it. Asked of AWS only once the Service has an ingress.
+    async fn type_unchanged(&self, service: &Service, name: &str, kind: Kind) -> CloudResult<()> {
+        let has_ingress = service
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|l| l.ingress.as_ref())
+            .is_some_and(|i| !i.is_empty());
+        if !has_ingress {
+            return Ok(());
         }
-        let out = self.call("DescribeSubnets", req.send()).await?;
-        if !spec.subnets.is_empty() {
-            let mut chosen = Vec::new();
-            for want in &spec.subnets {
-                let hit = out.subnets().iter().find(|s| {
-                    s.subnet_id() == Some(want.as_str())
-                        || s.tags()
-                            .iter()
-                            .any(|t| t.key() == Some("Name") && t.value() == Some(want.as_str()))
-                });
-                match hit.and_then(|s| s.subnet_id()) {
-                    Some(id) => chosen.push(id.to_string()),
-                    None => {
-                        return Err(CloudError::Permanent(format!(
-                            "annotation {}: no subnet {want:?} (by id or Name tag) in {vpc}",
-                            annotations::SUBNETS
-                        )));
-                    }
-                }
-            }
-            return Ok(chosen);
-        }
-        let role = if spec.internal {
-            "kubernetes.io/role/internal-elb"
-        } else {
-            "kubernetes.io/role/elb"
+        let other = match kind {
+            Kind::Network => self.clb_dns(name).await?.is_some(),
+            Kind::Classic => self.nlb_find(name).await?.is_some(),
         };
-        let mut by_zone: BTreeMap<String, (bool, String)> = BTreeMap::new();
-        for s in out.subnets() {
-            let (Some(zone), Some(id)) = (s.availability_zone(), s.subnet_id()) else {
-                continue;
-            };
-            let tagged = s.tags().iter().any(|t| t.key() == Some(role));
-            let better = match by_zone.get(zone) {
-                None => true,
-                Some((had_tag, had_id)) => (tagged, id) > (*had_tag, had_id.as_str()),
-            };
-            if better {
-                by_zone.insert(zone.to_string(), (tagged, id.to_string()));
-            }
-        }
-        if by_zone.is_empty() {
+        if other {
             return Err(CloudError::Permanent(format!(
-                "no subnet in {vpc} tagged {CLUSTER_TAG_PREFIX}{}: tag the cluster's subnets or set the {} annotation",
-                self.cluster_id(cluster),
-                annotations::SUBNETS
+                "annotation {}: cannot update the load balancer type after creation; delete and re-create the Service",
+                annotations::TYPE
             )));
         }
-        Ok(by_zone.into_values().map(|(_, id)| id).collect())
+        Ok(())
+    }
+
+    /// The backends of whichever LB of this name exists follow `nodes`; nothing else changes.
+    async fn backends_only(&self, cluster: &str, name: &str, nodes: &[Node]) -> CloudResult<()> {
+        if self.clb_dns(name).await?.is_some() {
+            self.clb_update(cluster, name, None, nodes).await?;
+        }
+        if self.nlb_find(name).await?.is_some() {
+            self.nlb_update(cluster, name, None, nodes).await?;
+        }
+        Ok(())
     }
 }
 
@@ -240,8 +206,21 @@ impl LoadBalancer for AwsCloud {
         service: &Service,
         nodes: &[Node],
     ) -> CloudResult<LoadBalancerStatus> {
-        let spec = annotations::parse(service)?;
         let name = default_load_balancer_name(service);
+        let nodes = &target_nodes(service, nodes);
+        let spec = match annotations::parse(service) {
+            Ok(s) => s,
+            Err(e) if !refused(&e) => return Err(e),
+            Err(e) => {
+                // The Warning Event says what is wrong; the LB, if it exists, keeps serving
+                // the nodes there are.
+                if let Err(b) = self.backends_only(cluster, &name, nodes).await {
+                    tracing::warn!(lb = %name, error = %b, "backends of a load balancer with refused annotations");
+                }
+                return Err(e);
+            }
+        };
+        self.type_unchanged(service, &name, spec.kind).await?;
         let ids = self.node_instance_ids(nodes).await?;
         let dns = match spec.kind {
             Kind::Classic => self.clb_ensure(cluster, &name, &spec, nodes).await?,
@@ -257,7 +236,17 @@ impl LoadBalancer for AwsCloud {
         service: &Service,
         nodes: &[Node],
     ) -> CloudResult<()> {
-        let spec = annotations::parse(service)?;
+        let nodes = &target_nodes(service, nodes);
+        // A refused or invalid annotation never stops the backends following the nodes:
+        // the ensure reports it (a Warning Event) and retries.
+        let spec = match annotations::parse(service) {
+            Ok(s) => Some(s),
+            Err(e) if !refused(&e) => return Err(e),
+            Err(e) => {
+                tracing::warn!(service = ?service.metadata.name, error = %e, "updating only the backends");
+                None
+            }
+        };
         let name = default_load_balancer_name(service);
         // The controller updates when its node set changes, which includes a new Node getting
         // its providerID: the same instances as the update before. Those cost nothing.
@@ -265,9 +254,16 @@ impl LoadBalancer for AwsCloud {
         if self.inner.memory.lock().lb_backends.get(&name) == Some(&ids) {
             return Ok(());
         }
-        match spec.kind {
-            Kind::Classic => self.clb_update(cluster, &name, nodes).await?,
-            Kind::Network => self.nlb_update(cluster, &name, &spec, nodes).await?,
+        match spec.as_ref().map(|s| s.kind) {
+            Some(Kind::Classic) => {
+                self.clb_update(cluster, &name, spec.as_ref(), nodes)
+                    .await?
+            }
+            Some(Kind::Network) => {
+                self.nlb_update(cluster, &name, spec.as_ref(), nodes)
+                    .await?
+            }
+            None => self.backends_only(cluster, &name, nodes).await?,
         }
         self.inner.memory.lock().lb_backends.insert(name, ids);
         Ok(())

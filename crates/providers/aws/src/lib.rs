@@ -26,6 +26,8 @@ mod mocked;
 mod nlb;
 mod providerid;
 mod routes;
+mod sg;
+mod subnets;
 
 pub use cloud::{AwsCloud, IdentitySources, PROVIDER_NAME, https_client, register};
 pub use config::{AwsConfig, IpFamily, Service, ServiceOverride};

@@ -4,12 +4,15 @@
 //! ranges to each NodePort (`kubernetes.io/rule/nlb/client=<lb>`) and the VPC to the health
 //! check port (`kubernetes.io/rule/nlb/health=<lb>`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use aws_sdk_ec2::types::{Filter, IpPermission, IpRange};
+
+use crate::sg::{self, Rule};
 use aws_sdk_elasticloadbalancingv2::types::{
-    Action, ActionTypeEnum, LoadBalancerAttribute, LoadBalancerSchemeEnum, LoadBalancerTypeEnum,
-    ProtocolEnum, Tag, TargetDescription, TargetTypeEnum,
+    Action, ActionTypeEnum, Certificate, Listener, LoadBalancerAttribute, LoadBalancerSchemeEnum,
+    LoadBalancerTypeEnum, ProtocolEnum, SubnetMapping, Tag, TargetDescription, TargetGroup,
+    TargetGroupAttribute, TargetTypeEnum,
 };
 use ccm_cloud::{CloudError, CloudResult, Node};
 
@@ -37,12 +40,107 @@ pub const CLIENT_RULE: &str = "kubernetes.io/rule/nlb/client=";
 /// Description prefix of the health-check rules.
 pub const HEALTH_RULE: &str = "kubernetes.io/rule/nlb/health=";
 
-fn fnv(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
+/// One mapping per subnet, with the EIP allocation or private address the annotations give
+/// for it, as upstream's `createSubnetMappings` (the counts must match, as upstream checks).
+fn subnet_mappings(spec: &LbSpec, subnets: Vec<String>) -> CloudResult<Vec<SubnetMapping>> {
+    use crate::annotations::{EIP_ALLOCATIONS, PRIVATE_IPV4};
+    for (key, list) in [
+        (EIP_ALLOCATIONS, &spec.eip_allocations),
+        (PRIVATE_IPV4, &spec.private_ipv4),
+    ] {
+        if !list.is_empty() && list.len() != subnets.len() {
+            return Err(CloudError::Permanent(format!(
+                "annotation {key}: must have the same number of entries ({}) as the load balancer has subnets ({})",
+                list.len(),
+                subnets.len()
+            )));
+        }
+    }
+    if !spec.eip_allocations.is_empty() && spec.internal {
+        return Err(CloudError::Permanent(format!(
+            "annotation {}: Elastic IPs are for internet-facing NLBs",
+            crate::annotations::EIP_ALLOCATIONS
+        )));
+    }
+    if !spec.private_ipv4.is_empty() && !spec.internal {
+        return Err(CloudError::Permanent(format!(
+            "annotation {}: private IPv4 addresses are for internal NLBs",
+            crate::annotations::PRIVATE_IPV4
+        )));
+    }
+    Ok(subnets
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            SubnetMapping::builder()
+                .subnet_id(s)
+                .set_allocation_id(spec.eip_allocations.get(i).cloned())
+                .set_private_ipv4_address(spec.private_ipv4.get(i).cloned())
+                .build()
+        })
+        .collect())
 }
 
+/// The listener's protocol: TLS on a port with the certificate, else the port's.
+fn listener_proto(p: &PortMap) -> &'static str {
+    if p.tls { "TLS" } else { p.protocol() }
+}
+
+/// The target group's protocol: TLS to the nodes too with `backend-protocol: ssl`, as upstream.
+fn target_proto(spec: &LbSpec, p: &PortMap) -> &'static str {
+    if p.tls && spec.tls.backend.as_deref() == Some("ssl") {
+        "TLS"
+    } else {
+        p.protocol()
+    }
+}
+
+/// Whether `l` is the port's listener: same port, and UDP apart from TCP/TLS (a TCP listener
+/// turns TLS in place when the certificate comes, rather than a second listener on the port).
+fn listener_for(l: &Listener, p: &PortMap) -> bool {
+    let udp = l.protocol() == Some(&ProtocolEnum::Udp);
+    l.port() == Some(p.port) && udp == p.udp
+}
+
+/// The certificate and policy a TLS listener carries (none otherwise).
+fn listener_tls(spec: &LbSpec, p: &PortMap) -> (Option<Vec<Certificate>>, Option<String>) {
+    if !p.tls {
+        return (None, None);
+    }
+    let cert = spec
+        .tls
+        .cert
+        .as_ref()
+        .map(|c| vec![Certificate::builder().certificate_arn(c).build()]);
+    (cert, spec.tls.policy.clone())
+}
+
+/// Whether the listener already has the protocol, certificate and policy it should.
+fn listener_same(l: &Listener, spec: &LbSpec, p: &PortMap) -> bool {
+    let cert = l.certificates().first().and_then(|c| c.certificate_arn());
+    l.protocol() == Some(&ProtocolEnum::from(listener_proto(p)))
+        && if p.tls {
+            cert == spec.tls.cert.as_deref()
+                && (spec.tls.policy.is_none() || l.ssl_policy() == spec.tls.policy.as_deref())
+        } else {
+            // AWS drops the certificate with the change to TCP (moto keeps showing it).
+            true
+        }
+}
+
+/// Target-group attributes with a known default, restored when the annotation drops them.
+const TG_DEFAULTS: &[(&str, &str)] = &[
+    ("proxy_protocol_v2.enabled", "false"),
+    ("deregistration_delay.timeout_seconds", "300"),
+    (
+        "deregistration_delay.connection_termination.enabled",
+        "false",
+    ),
+    ("stickiness.enabled", "false"),
+];
+
+/// Up to 8 of the ASCII letters and digits of `s` (upstream's `invalidELBV2NameRegex` and
+/// `%.8s`).
 fn short(s: &str) -> String {
     s.chars()
         .filter(|c| c.is_ascii_alphanumeric())
@@ -50,32 +148,43 @@ fn short(s: &str) -> String {
         .collect()
 }
 
-/// Target group name: `k8s-<ns>-<name>-<hash>` (≤ 32 characters, as upstream), the hash over
-/// everything a target group cannot change in place, so a change makes a new group.
-pub fn target_group_name(lb: &str, spec: &LbSpec, p: &PortMap) -> String {
+/// Target group name exactly as upstream's `buildTargetGroupName`, so groups cloud-provider-aws
+/// created are recognised: `k8s-<ns:8>-<name:8>-<sha1:10>`, the SHA-1 over the cluster id, the
+/// Service, the ports and what a target group cannot change in place (target protocol and
+/// type, health-check protocol and interval).
+pub fn target_group_name(cluster_id: &str, spec: &LbSpec, p: &PortMap) -> String {
+    use sha1::Digest as _;
     let (ns, name) = spec
         .service_name
         .split_once('/')
         .unwrap_or(("", &spec.service_name));
-    let h = &spec.health;
-    let key = format!(
-        "{lb}/{}/{}/TCP/instance/{}/{}/{}/{}/{}/{}/{}",
-        p.port,
-        p.node_port,
-        h.protocol,
-        h.port,
-        h.path,
-        h.healthy,
-        h.unhealthy,
-        h.timeout,
-        h.interval
-    );
-    format!(
-        "k8s-{}-{}-{:010x}",
-        short(ns),
-        short(name),
-        fnv(&key) & 0xff_ffff_ffff
-    )
+    let mut h = sha1::Sha1::new();
+    for part in [
+        cluster_id,
+        ns,
+        name,
+        &p.port.to_string(),
+        &p.node_port.to_string(),
+        target_proto(spec, p),
+        "instance",
+        &spec.health.protocol,
+        &spec.health.interval.to_string(),
+    ] {
+        h.update(part.as_bytes());
+    }
+    let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!("k8s-{}-{}-{}", short(ns), short(name), &hex[..10])
+}
+
+/// Whether an existing target group must be replaced rather than changed in place: what AWS
+/// cannot modify (protocol), and what upstream replaces it for (health-check protocol and
+/// interval) — so both make the same decision on the same group.
+fn must_replace(g: &TargetGroup, spec: &LbSpec, p: &PortMap) -> bool {
+    g.protocol() != Some(&ProtocolEnum::from(target_proto(spec, p)))
+        || !g
+            .health_check_protocol()
+            .is_some_and(|p| p.as_str().eq_ignore_ascii_case(&spec.health.protocol))
+        || g.health_check_interval_seconds() != Some(spec.health.interval)
 }
 
 fn health_ports(spec: &LbSpec) -> Vec<i32> {
@@ -172,7 +281,7 @@ impl AwsCloud {
                     .name(name)
                     .r#type(LoadBalancerTypeEnum::Network)
                     .scheme(scheme)
-                    .set_subnets(Some(subnets))
+                    .set_subnet_mappings(Some(subnet_mappings(spec, subnets)?))
                     .set_tags(Some(tags))
                     .send(),
             )
@@ -189,28 +298,23 @@ impl AwsCloud {
         })
     }
 
-    /// Target groups of the LB: name → arn.
-    async fn nlb_target_groups(&self, lb_arn: &str) -> CloudResult<BTreeMap<String, String>> {
+    /// Target groups of the LB (none when it has none: moto then answers TargetGroupNotFound).
+    async fn nlb_target_groups(&self, lb_arn: &str) -> CloudResult<Vec<TargetGroup>> {
         let elbv2 = self.clients().await?.elbv2.clone();
-        let out = self
-            .call(
+        match self
+            .call_raw(
                 "DescribeTargetGroups",
                 elbv2
                     .describe_target_groups()
                     .load_balancer_arn(lb_arn)
                     .send(),
             )
-            .await?;
-        Ok(out
-            .target_groups()
-            .iter()
-            .filter_map(|t| {
-                Some((
-                    t.target_group_name()?.to_string(),
-                    t.target_group_arn()?.to_string(),
-                ))
-            })
-            .collect())
+            .await
+        {
+            Ok(out) => Ok(out.target_groups().to_vec()),
+            Err(e) if error::code(&e) == Some("TargetGroupNotFound") => Ok(Vec::new()),
+            Err(e) => Err(error::map("DescribeTargetGroups", e)),
+        }
     }
 
     async fn nlb_create_target_group(
@@ -230,21 +334,28 @@ impl AwsCloud {
         let mut req = elbv2
             .create_target_group()
             .name(tg)
-            .protocol(ProtocolEnum::Tcp)
+            .protocol(ProtocolEnum::from(target_proto(spec, p)))
             .port(p.node_port)
             .vpc_id(vpc)
             .target_type(TargetTypeEnum::Instance)
             .health_check_protocol(ProtocolEnum::from(h.protocol.as_str()))
             .health_check_port(h.port.clone())
             .health_check_interval_seconds(h.interval)
-            .health_check_timeout_seconds(h.timeout)
+            // No timeout, as upstream: AWS fixes it per protocol and refuses others.
             .healthy_threshold_count(h.healthy)
             .unhealthy_threshold_count(h.unhealthy)
             .set_tags(Some(tags));
         if h.protocol != "TCP" {
             req = req.health_check_path(h.path.clone());
         }
-        let out = self.call("CreateTargetGroup", req.send()).await?;
+        let out = match self.call_raw("CreateTargetGroup", req.send()).await {
+            Ok(out) => out,
+            // Made by an earlier attempt that stopped before a listener used it: reuse it.
+            Err(e) if error::code(&e) == Some("DuplicateTargetGroupName") => {
+                return self.nlb_target_group_by_name(tg).await;
+            }
+            Err(e) => return Err(error::map("CreateTargetGroup", e)),
+        };
         out.target_groups()
             .first()
             .and_then(|t| t.target_group_arn())
@@ -254,61 +365,161 @@ impl AwsCloud {
             })
     }
 
-    /// Listeners to target groups, one per port; stale listeners and groups go.
+    async fn nlb_target_group_by_name(&self, tg: &str) -> CloudResult<String> {
+        let elbv2 = self.clients().await?.elbv2.clone();
+        let out = self
+            .call(
+                "DescribeTargetGroups",
+                elbv2.describe_target_groups().names(tg).send(),
+            )
+            .await?;
+        out.target_groups()
+            .first()
+            .and_then(|t| t.target_group_arn())
+            .map(String::from)
+            .ok_or_else(|| CloudError::Transient(format!("target group {tg} not found by name")))
+    }
+
+    /// Health settings AWS changes in place (port, thresholds, path), as upstream's
+    /// `ensureTargetGroup`.
+    async fn nlb_modify_health(&self, g: &TargetGroup, spec: &LbSpec) -> CloudResult<()> {
+        let h = &spec.health;
+        let path = (h.protocol != "TCP").then(|| h.path.clone());
+        let same = g.health_check_port() == Some(h.port.as_str())
+            && g.healthy_threshold_count() == Some(h.healthy)
+            && g.unhealthy_threshold_count() == Some(h.unhealthy)
+            && (path.is_none() || g.health_check_path() == path.as_deref());
+        if same {
+            return Ok(());
+        }
+        let elbv2 = self.clients().await?.elbv2.clone();
+        self.call(
+            "ModifyTargetGroup",
+            elbv2
+                .modify_target_group()
+                .target_group_arn(g.target_group_arn().unwrap_or_default())
+                .health_check_port(&h.port)
+                .healthy_threshold_count(h.healthy)
+                .unhealthy_threshold_count(h.unhealthy)
+                .set_health_check_path(path)
+                .send(),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// The target group for one port: the first of the existing ones of its NodePort
+    /// (`same_port`, the one its listener forwards to first) when it can stay, else a new one — its targets registered before
+    /// the caller points a listener at it.
+    async fn nlb_port_group(
+        &self,
+        cluster: &str,
+        lb: &Nlb,
+        spec: &LbSpec,
+        p: &PortMap,
+        same_port: &[&TargetGroup],
+        ids: &BTreeSet<String>,
+    ) -> CloudResult<String> {
+        let current = same_port.first().filter(|g| !must_replace(g, spec, p));
+        let arn = match current {
+            Some(g) => {
+                self.nlb_modify_health(g, spec).await?;
+                g.target_group_arn().unwrap_or_default().to_string()
+            }
+            None => {
+                let tg = target_group_name(self.cluster_id(cluster), spec, p);
+                self.nlb_create_target_group(cluster, &tg, &lb.vpc, spec, p)
+                    .await?
+            }
+        };
+        self.nlb_target_group_attributes(&arn, spec).await?;
+        self.nlb_sync_targets(&arn, p.node_port, ids).await?;
+        Ok(arn)
+    }
+
+    /// A listener per port, each forwarding to a target group that has its targets before the
+    /// listener points at it; target groups are reused where they can stay (those
+    /// cloud-provider-aws made included), and a replaced one is deleted only once no listener
+    /// forwards to it. So no listener ever forwards to an empty target group.
     async fn nlb_sync_listeners(
         &self,
         cluster: &str,
         lb: &Nlb,
-        name: &str,
         spec: &LbSpec,
+        ids: &BTreeSet<String>,
         fresh: bool,
     ) -> CloudResult<Vec<(String, i32)>> {
         let elbv2 = self.clients().await?.elbv2.clone();
-        let mut groups = if fresh {
-            BTreeMap::new()
+        let (listeners, groups) = if fresh {
+            (Vec::new(), Vec::new())
         } else {
-            self.nlb_target_groups(&lb.arn).await?
-        };
-        let listeners = if fresh {
-            Vec::new()
-        } else {
-            self.call(
-                "DescribeListeners",
-                elbv2.describe_listeners().load_balancer_arn(&lb.arn).send(),
-            )
-            .await?
-            .listeners()
-            .to_vec()
+            let l = self
+                .call(
+                    "DescribeListeners",
+                    elbv2.describe_listeners().load_balancer_arn(&lb.arn).send(),
+                )
+                .await?
+                .listeners()
+                .to_vec();
+            let mut g = self.nlb_target_groups(&lb.arn).await?;
+            // Groups a listener forwards to that the by-LB listing missed (moto does not link
+            // a group to its LB on ModifyListener): asked for by ARN.
+            let missing: Vec<String> = l
+                .iter()
+                .flat_map(|l| {
+                    l.default_actions()
+                        .iter()
+                        .filter_map(|a| a.target_group_arn())
+                })
+                .filter(|a| !g.iter().any(|t| t.target_group_arn() == Some(*a)))
+                .map(String::from)
+                .collect();
+            if !missing.is_empty() {
+                let more = self
+                    .call(
+                        "DescribeTargetGroups",
+                        elbv2
+                            .describe_target_groups()
+                            .set_target_group_arns(Some(missing))
+                            .send(),
+                    )
+                    .await?;
+                g.extend(more.target_groups().iter().cloned());
+            }
+            (l, g)
         };
         let mut wanted = Vec::new();
         for p in &spec.ports {
-            let tg = target_group_name(name, spec, p);
-            let arn = match groups.get(&tg) {
-                Some(a) => a.clone(),
-                None => {
-                    let a = self
-                        .nlb_create_target_group(cluster, &tg, &lb.vpc, spec, p)
-                        .await?;
-                    groups.insert(tg.clone(), a.clone());
-                    a
-                }
-            };
+            let listener = listeners.iter().find(|l| listener_for(l, p));
+            let forwards_to = listener.and_then(|l| {
+                l.default_actions()
+                    .iter()
+                    .find_map(|a| a.target_group_arn())
+            });
+            let mut same_port: Vec<&TargetGroup> = groups
+                .iter()
+                .filter(|g| g.port() == Some(p.node_port))
+                .collect();
+            same_port.sort_by_key(|g| g.target_group_arn() != forwards_to);
+            let arn = self
+                .nlb_port_group(cluster, lb, spec, p, &same_port, ids)
+                .await?;
             let forward = Action::builder()
                 .r#type(ActionTypeEnum::Forward)
                 .target_group_arn(&arn)
                 .build();
-            let existing = listeners.iter().find(|l| l.port() == Some(p.port));
-            match existing {
-                Some(l)
-                    if l.default_actions()
-                        .iter()
-                        .any(|a| a.target_group_arn() == Some(arn.as_str())) => {}
+            let (certs, policy) = listener_tls(spec, p);
+            match listener {
+                Some(l) if forwards_to == Some(arn.as_str()) && listener_same(l, spec, p) => {}
                 Some(l) => {
                     self.call(
                         "ModifyListener",
                         elbv2
                             .modify_listener()
                             .listener_arn(l.listener_arn().unwrap_or_default())
+                            .protocol(ProtocolEnum::from(listener_proto(p)))
+                            .set_certificates(certs)
+                            .set_ssl_policy(policy)
                             .default_actions(forward)
                             .send(),
                     )
@@ -320,8 +531,10 @@ impl AwsCloud {
                         elbv2
                             .create_listener()
                             .load_balancer_arn(&lb.arn)
-                            .protocol(ProtocolEnum::Tcp)
+                            .protocol(ProtocolEnum::from(listener_proto(p)))
                             .port(p.port)
+                            .set_certificates(certs)
+                            .set_ssl_policy(policy)
                             .default_actions(forward)
                             .send(),
                     )
@@ -331,7 +544,8 @@ impl AwsCloud {
             wanted.push((arn, p.node_port));
         }
         for l in &listeners {
-            if !spec.ports.iter().any(|p| Some(p.port) == l.port()) {
+            let kept = spec.ports.iter().any(|p| listener_for(l, p));
+            if !kept {
                 self.call(
                     "DeleteListener",
                     elbv2
@@ -342,7 +556,10 @@ impl AwsCloud {
                 .await?;
             }
         }
-        for arn in groups.values() {
+        for g in &groups {
+            let Some(arn) = g.target_group_arn() else {
+                continue;
+            };
             if !wanted.iter().any(|(a, _)| a == arn) {
                 self.call(
                     "DeleteTargetGroup",
@@ -400,9 +617,11 @@ impl AwsCloud {
         Ok(())
     }
 
-    async fn nlb_cross_zone(&self, arn: &str, on: bool) -> CloudResult<()> {
+    /// Cross-zone balancing and access logs as upstream's `reconcileLBAttributes`: off unless
+    /// the annotations say on; the bucket and prefix only sent while logs are on (AWS refuses
+    /// an empty bucket).
+    async fn nlb_attributes(&self, arn: &str, spec: &LbSpec) -> CloudResult<()> {
         let elbv2 = self.clients().await?.elbv2.clone();
-        const KEY: &str = "load_balancing.cross_zone.enabled";
         let now = self
             .call(
                 "DescribeLoadBalancerAttributes",
@@ -412,12 +631,28 @@ impl AwsCloud {
                     .send(),
             )
             .await?;
-        let value = on.to_string();
-        if now
-            .attributes()
-            .iter()
-            .any(|a| a.key() == Some(KEY) && a.value() == Some(value.as_str()))
-        {
+        let a = &spec.attributes;
+        let mut want = vec![
+            (
+                "load_balancing.cross_zone.enabled",
+                spec.cross_zone.unwrap_or(false).to_string(),
+            ),
+            ("access_logs.s3.enabled", a.access_log.to_string()),
+        ];
+        if a.access_log {
+            want.push(("access_logs.s3.bucket", a.access_log_bucket.clone()));
+            want.push(("access_logs.s3.prefix", a.access_log_prefix.clone()));
+        }
+        let changed: Vec<LoadBalancerAttribute> = want
+            .into_iter()
+            .filter(|(k, v)| {
+                !now.attributes()
+                    .iter()
+                    .any(|a| a.key() == Some(*k) && a.value().unwrap_or_default() == v)
+            })
+            .map(|(k, v)| LoadBalancerAttribute::builder().key(k).value(v).build())
+            .collect();
+        if changed.is_empty() {
             return Ok(());
         }
         self.call(
@@ -425,12 +660,62 @@ impl AwsCloud {
             elbv2
                 .modify_load_balancer_attributes()
                 .load_balancer_arn(arn)
-                .attributes(
-                    LoadBalancerAttribute::builder()
-                        .key(KEY)
-                        .value(value)
-                        .build(),
-                )
+                .set_attributes(Some(changed))
+                .send(),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// The target-group-attributes annotation's attributes, PROXY protocol v2 as the
+    /// proxy-protocol annotation says, and known defaults back where the annotation dropped one.
+    async fn nlb_target_group_attributes(&self, arn: &str, spec: &LbSpec) -> CloudResult<()> {
+        let elbv2 = self.clients().await?.elbv2.clone();
+        let now = self
+            .call(
+                "DescribeTargetGroupAttributes",
+                elbv2
+                    .describe_target_group_attributes()
+                    .target_group_arn(arn)
+                    .send(),
+            )
+            .await?;
+        let current = |k: &str| {
+            now.attributes()
+                .iter()
+                .find(|a| a.key() == Some(k))
+                .and_then(|a| a.value())
+                .map(String::from)
+        };
+        let mut want = spec.tg_attributes.clone();
+        let proxy = want
+            .entry("proxy_protocol_v2.enabled".into())
+            .or_insert_with(|| "false".into());
+        if spec.proxy_protocol {
+            *proxy = "true".into();
+        }
+        for (k, v) in TG_DEFAULTS {
+            if !want.contains_key(*k) && current(k).is_some_and(|c| c != *v) {
+                want.insert(k.to_string(), v.to_string());
+            }
+        }
+        let changed: Vec<TargetGroupAttribute> = want
+            .iter()
+            .filter(|(k, v)| current(k).as_deref() != Some(v.as_str()))
+            .filter(|(k, v)| {
+                !(current(k).is_none() && *k == "proxy_protocol_v2.enabled" && *v == "false")
+            })
+            .map(|(k, v)| TargetGroupAttribute::builder().key(k).value(v).build())
+            .collect();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        self.call(
+            "ModifyTargetGroupAttributes",
+            elbv2
+                .modify_target_group_attributes()
+                .target_group_arn(arn)
+                .set_attributes(Some(changed))
                 .send(),
         )
         .await
@@ -456,71 +741,77 @@ impl AwsCloud {
             .collect())
     }
 
-    /// Client and health rules for the NLB on every node group that lacks them.
+    /// The NLB's client and health rules (and the MTU rules they imply) on exactly the node
+    /// groups of `ids`, revoked from the cluster's other groups, as upstream's
+    /// `updateInstanceSecurityGroupsForNLB`; rules of other load balancers and the operator's
+    /// are never touched. `spec: None` revokes them all. Unless `force`, nothing is asked of AWS
+    /// when the node groups are those the last call left.
     async fn nlb_sync_rules(
         &self,
+        cluster: &str,
         name: &str,
         vpc: &str,
-        spec: &LbSpec,
-        groups: &BTreeSet<String>,
+        spec: Option<&LbSpec>,
+        ids: &BTreeSet<String>,
         force: bool,
     ) -> CloudResult<()> {
-        let todo: Vec<String> = {
-            let mem = self.inner.memory.lock();
-            groups
-                .iter()
-                .filter(|g| {
-                    force
-                        || !mem
-                            .sg_rules
-                            .contains(&((*g).clone(), format!("nlb/{name}")))
-                })
-                .cloned()
-                .collect()
-        };
-        if todo.is_empty() {
+        if self.inner.cfg.disable_security_group_ingress {
             return Ok(());
         }
-        let ec2 = self.clients().await?.ec2.clone();
-        let cidrs = self.vpc_cidrs(vpc).await?;
-        let current = self
-            .call(
-                "DescribeSecurityGroups",
-                ec2.describe_security_groups()
-                    .set_group_ids(Some(todo.clone()))
-                    .send(),
-            )
-            .await?;
-        let want = node_rules(name, spec, &cidrs);
-        for g in current.security_groups() {
-            let Some(id) = g.group_id() else { continue };
-            let has = |port: i32, cidr: &str| {
-                g.ip_permissions().iter().any(|p| {
-                    p.from_port() == Some(port)
-                        && p.to_port() == Some(port)
-                        && p.ip_ranges().iter().any(|r| r.cidr_ip() == Some(cidr))
-                })
-            };
-            let missing: Vec<IpPermission> = want
+        let want_groups = match spec {
+            Some(_) => self.node_groups_of(cluster, ids, force).await?,
+            None => BTreeSet::new(),
+        };
+        let key = format!("nlb/{name}");
+        let remembered: BTreeSet<String> = {
+            let mem = self.inner.memory.lock();
+            mem.sg_rules
                 .iter()
-                .filter(|(port, cidr, _)| !has(*port, cidr))
+                .filter(|(_, k)| *k == key)
+                .map(|(g, _)| g.clone())
+                .collect()
+        };
+        if !force && want_groups == remembered {
+            return Ok(());
+        }
+        let want_rules: BTreeSet<Rule> = match spec {
+            Some(s) => node_rules(name, s, &self.vpc_cidrs(vpc).await?)
+                .into_iter()
                 .map(|(port, cidr, desc)| {
-                    IpPermission::builder()
-                        .ip_protocol("tcp")
-                        .from_port(*port)
-                        .to_port(*port)
-                        .ip_ranges(IpRange::builder().cidr_ip(cidr).description(desc).build())
-                        .build()
+                    Rule::cidr(&s.client_protocol(), port, port, &cidr, Some(&desc))
                 })
-                .collect();
-            if !missing.is_empty() {
-                self.authorize(id, missing).await?;
+                .collect(),
+            None => BTreeSet::new(),
+        };
+        let descs = [
+            format!("{CLIENT_RULE}{name}"),
+            format!("{HEALTH_RULE}{name}"),
+        ];
+        let ours = |r: &Rule| r.desc.as_ref().is_some_and(|d| descs.contains(d));
+        let groups = self.cluster_groups(cluster).await?;
+        for (id, g) in &groups {
+            let have = sg::rules_of(g);
+            let wanted = if want_groups.contains(id) {
+                want_rules.clone()
+            } else {
+                BTreeSet::new()
+            };
+            let mut p = sg::plan(&have, &wanted, ours);
+            if p.grant.is_empty() && p.revoke.is_empty() {
+                continue;
             }
-            self.inner
-                .memory
-                .lock()
-                .sg_rules
-                .insert((id.to_string(), format!("nlb/{name}")));
+            let after = sg::applied(&have, &p);
+            let mtu = sg::plan(&after, &sg::mtu_rules(&after, CLIENT_RULE), |r| {
+                r.desc.as_deref() == Some(sg::MTU_RULE)
+            });
+            p.grant.extend(mtu.grant);
+            p.revoke.extend(mtu.revoke);
+            self.apply_plan(id, &p).await?;
+        }
+        let mut mem = self.inner.memory.lock();
+        mem.sg_rules.retain(|(_, k)| *k != key);
+        for g in want_groups.iter().filter(|g| groups.contains_key(*g)) {
+            mem.sg_rules.insert((g.clone(), key.clone()));
         }
         Ok(())
     }
@@ -570,16 +861,10 @@ impl AwsCloud {
             None => (self.nlb_create(cluster, name, &vpc, spec).await?, true),
         };
         let groups = self
-            .nlb_sync_listeners(cluster, &lb, name, spec, fresh)
+            .nlb_sync_listeners(cluster, &lb, spec, &ids, fresh)
             .await?;
-        for (tg, port) in &groups {
-            self.nlb_sync_targets(tg, *port, &ids).await?;
-        }
-        if let Some(on) = spec.cross_zone {
-            self.nlb_cross_zone(&lb.arn, on).await?;
-        }
-        let node_groups = self.node_security_groups(&ids).await?;
-        self.nlb_sync_rules(name, &lb.vpc, spec, &node_groups, true)
+        self.nlb_attributes(&lb.arn, spec).await?;
+        self.nlb_sync_rules(cluster, name, &lb.vpc, Some(spec), &ids, true)
             .await?;
         if lb.dns.is_empty() {
             return Err(CloudError::retry_after(
@@ -599,9 +884,10 @@ impl AwsCloud {
         Ok(lb.dns)
     }
 
-    /// The NLB's VPC and target groups with their ports, as the last ensure or update left
-    /// them, else from AWS (two calls).
-    async fn nlb_targets(&self, name: &str, spec: &LbSpec) -> CloudResult<NlbTargets> {
+    /// The NLB's VPC and target groups with their ports (a target group's port is the
+    /// NodePort its targets listen on), as the last ensure or update left them, else from AWS
+    /// (two calls). Needs nothing of the Service: it works while its annotations are refused.
+    async fn nlb_targets(&self, name: &str) -> CloudResult<NlbTargets> {
         if let Some(known) = self.inner.memory.lock().nlbs.get(name) {
             return Ok(known.clone());
         }
@@ -610,29 +896,55 @@ impl AwsCloud {
                 "NLB {name} does not exist; it is created by ensure"
             )));
         };
-        let by_name = self.nlb_target_groups(&lb.arn).await?;
-        let groups = spec
-            .ports
+        // The groups the listeners forward to, whoever named them.
+        let elbv2 = self.clients().await?.elbv2.clone();
+        let arns: BTreeSet<String> = self
+            .call(
+                "DescribeListeners",
+                elbv2.describe_listeners().load_balancer_arn(&lb.arn).send(),
+            )
+            .await?
+            .listeners()
             .iter()
-            .filter_map(|p| {
-                let arn = by_name.get(&target_group_name(name, spec, p))?;
-                Some((arn.clone(), p.node_port))
+            .flat_map(|l| {
+                l.default_actions()
+                    .iter()
+                    .filter_map(|a| a.target_group_arn())
             })
+            .map(String::from)
             .collect();
+        let groups = if arns.is_empty() {
+            Vec::new()
+        } else {
+            self.call(
+                "DescribeTargetGroups",
+                elbv2
+                    .describe_target_groups()
+                    .set_target_group_arns(Some(arns.into_iter().collect()))
+                    .send(),
+            )
+            .await?
+            .target_groups()
+            .iter()
+            .filter_map(|t| Some((t.target_group_arn()?.to_string(), t.port()?)))
+            .collect()
+        };
         Ok(NlbTargets {
             vpc: lb.vpc,
             groups,
         })
     }
 
+    /// The targets follow the nodes; without `spec` (the Service's annotations are refused)
+    /// the node security-group rules stay as they are.
     pub(crate) async fn nlb_update(
         &self,
-        _cluster: &str,
+        cluster: &str,
         name: &str,
-        spec: &LbSpec,
+        spec: Option<&LbSpec>,
         nodes: &[Node],
     ) -> CloudResult<()> {
-        let known = self.nlb_targets(name, spec).await?;
+        let known = self.nlb_targets(name).await?;
         let ids = self.node_instance_ids(nodes).await?;
         let mut out = Ok(());
         for (arn, port) in &known.groups {
@@ -641,11 +953,12 @@ impl AwsCloud {
                 break;
             }
         }
-        if out.is_ok() {
-            out = match self.node_security_groups(&ids).await {
-                Ok(g) => self.nlb_sync_rules(name, &known.vpc, spec, &g, false).await,
-                Err(e) => Err(e),
-            };
+        if out.is_ok()
+            && let Some(spec) = spec
+        {
+            out = self
+                .nlb_sync_rules(cluster, name, &known.vpc, Some(spec), &ids, false)
+                .await;
         }
         // A failure may mean the NLB changed behind our back: ask AWS again next time.
         let mut mem = self.inner.memory.lock();
@@ -656,14 +969,22 @@ impl AwsCloud {
         out
     }
 
-    pub(crate) async fn nlb_delete(&self, _cluster: &str, name: &str) -> CloudResult<()> {
+    pub(crate) async fn nlb_delete(&self, cluster: &str, name: &str) -> CloudResult<()> {
         self.inner.memory.lock().nlbs.remove(name);
         let Some(lb) = self.nlb_find(name).await? else {
             return Ok(());
         };
         let elbv2 = self.clients().await?.elbv2.clone();
+        self.nlb_sync_rules(cluster, name, &lb.vpc, None, &BTreeSet::new(), true)
+            .await?;
+        // Rules an older version left on groups not tagged for the cluster: ours, by name.
         self.nlb_revoke_rules(name, &lb.vpc).await?;
-        let groups = self.nlb_target_groups(&lb.arn).await?;
+        let groups: Vec<String> = self
+            .nlb_target_groups(&lb.arn)
+            .await?
+            .iter()
+            .filter_map(|g| g.target_group_arn().map(String::from))
+            .collect();
         let listeners = self
             .call(
                 "DescribeListeners",
@@ -688,7 +1009,7 @@ impl AwsCloud {
                 .send(),
         )
         .await?;
-        for arn in groups.values() {
+        for arn in &groups {
             self.call(
                 "DeleteTargetGroup",
                 elbv2.delete_target_group().target_group_arn(arn).send(),

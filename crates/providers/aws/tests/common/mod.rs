@@ -166,6 +166,49 @@ impl AwsWorld {
         })
     }
 
+    /// An internet gateway and a default route to it in the VPC's main route table: the
+    /// subnets become public, as internet-facing load balancers need.
+    pub async fn with_internet_gateway(&self) -> anyhow::Result<String> {
+        let igw = self
+            .ec2
+            .create_internet_gateway()
+            .send()
+            .await?
+            .internet_gateway
+            .and_then(|g| g.internet_gateway_id)
+            .context("igw id")?;
+        self.ec2
+            .attach_internet_gateway()
+            .internet_gateway_id(&igw)
+            .vpc_id(&self.vpc)
+            .send()
+            .await?;
+        let main = self
+            .ec2
+            .describe_route_tables()
+            .filters(Filter::builder().name("vpc-id").values(&self.vpc).build())
+            .filters(
+                Filter::builder()
+                    .name("association.main")
+                    .values("true")
+                    .build(),
+            )
+            .send()
+            .await?;
+        let main = main.route_tables()[0]
+            .route_table_id()
+            .context("main route table")?
+            .to_string();
+        self.ec2
+            .create_route()
+            .route_table_id(main)
+            .destination_cidr_block("0.0.0.0/0")
+            .gateway_id(&igw)
+            .send()
+            .await?;
+        Ok(igw)
+    }
+
     /// Launches `n` instances of the cluster (tagged `kubernetes.io/cluster/<CLUSTER>`, as
     /// kOps and EKS node groups tag theirs) in subnet `subnet`; returns (instance id, private
     /// DNS name) in launch order.
