@@ -28,6 +28,9 @@ pub enum Breakage {
     /// The CCM runs, but two kubelets were started without `--cloud-provider=external`: their
     /// nodes are never initialized.
     KubeletNotExternal,
+    /// The CCM runs, but what answers on the port its pod declares is another TLS server,
+    /// with a certificate no one trusts, that records every credential sent to it.
+    TokenProbe,
 }
 
 impl Breakage {
@@ -43,11 +46,17 @@ impl Breakage {
             Breakage::KubeletNotExternal => {
                 "two kubelets were started without --cloud-provider=external"
             }
+            Breakage::TokenProbe => {
+                "the port the CCM's pod declares is answered by another server, which records credentials"
+            }
         }
     }
 
     fn ccm_runs(self) -> bool {
-        matches!(self, Breakage::KcmCloudLoops | Breakage::KubeletNotExternal)
+        matches!(
+            self,
+            Breakage::KcmCloudLoops | Breakage::KubeletNotExternal | Breakage::TokenProbe
+        )
     }
 }
 
@@ -167,6 +176,21 @@ async fn register_kcm_pod(cluster: &SimCluster) -> anyhow::Result<()> {
     .await
 }
 
+/// The token probe, each request it sees printed as one line (`token-probe: …`).
+async fn start_token_probe() -> anyhow::Result<(u16, tokio::task::JoinHandle<()>)> {
+    let (port, task) = crate::token_probe::start(|seen| {
+        let what = if seen.credentials {
+            "WITH credentials (leaked)"
+        } else {
+            "without credentials"
+        };
+        println!("token-probe: request from {:?} {what}", seen.user_agent);
+    })
+    .await?;
+    println!("token-probe: listening on 127.0.0.1:{port}, the port the CCM's pod declares");
+    Ok((port, task))
+}
+
 /// Stages `breakage` on a fresh demo cluster and keeps it up until Ctrl-C.
 pub async fn run(opts: &DemoOptions, breakage: Breakage) -> anyhow::Result<ExitCode> {
     let cluster = SimCluster::start(cloud(opts)?).await?;
@@ -178,8 +202,16 @@ pub async fn run(opts: &DemoOptions, breakage: Breakage) -> anyhow::Result<ExitC
         _ => cluster.kubeconfig.clone(),
     };
     println!("ccm demo --break: {}", breakage.describe());
+    let probe = match breakage {
+        Breakage::TokenProbe => Some(start_token_probe().await?),
+        _ => None,
+    };
     let ccm = if breakage.ccm_runs() {
-        Some(Ccm::start(&cluster, &[]).await?.0)
+        Some(
+            Ccm::start_advertising(&cluster, &[], probe.as_ref().map(|(port, _)| *port))
+                .await?
+                .0,
+        )
     } else {
         None
     };
@@ -197,6 +229,7 @@ pub async fn run(opts: &DemoOptions, breakage: Breakage) -> anyhow::Result<ExitC
             register(&cluster, 0..n, 0..opts.services).await?;
             register_kcm_pod(&cluster).await?;
         }
+        Breakage::TokenProbe => register(&cluster, 0..n, 0..opts.services).await?,
         Breakage::KubeletNotExternal => {
             register(&cluster, 0..n, 0..opts.services).await?;
             for i in n..n + 2 {
@@ -214,10 +247,7 @@ pub async fn run(opts: &DemoOptions, breakage: Breakage) -> anyhow::Result<ExitC
         anyhow::ensure!(settled, "the CCM did not initialize the demo's nodes");
     }
     if let Some(ccm) = &ccm {
-        println!(
-            "{}",
-            crate::demo::metrics_hint(&ccm.metrics_url, &kubeconfig)
-        );
+        println!("{}", crate::demo::metrics_hint(ccm, &kubeconfig));
     }
     println!(
         "✘ broken on purpose. Diagnose it (read-only):\n  ccm doctor --kubeconfig {}",
@@ -225,6 +255,9 @@ pub async fn run(opts: &DemoOptions, breakage: Breakage) -> anyhow::Result<ExitC
     );
     println!("Still running: Ctrl-C to stop.");
     let _ = tokio::signal::ctrl_c().await;
+    if let Some((_, task)) = probe {
+        task.abort();
+    }
     if let Some(ccm) = ccm {
         // Give the last events a moment to land before the runtime goes away.
         tokio::time::sleep(Duration::from_millis(100)).await;

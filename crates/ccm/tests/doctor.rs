@@ -342,8 +342,48 @@ async fn doctor_diagnoses_a_broken_cluster_read_only_then_passes_as_a_kubectl_pl
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A running `ccm demo --break`, killed on drop: what it printed until it was ready, and its
+/// later lines.
+struct BrokenDemo {
+    child: std::process::Child,
+    printed: String,
+    later: std::sync::mpsc::Receiver<String>,
+}
+
+impl BrokenDemo {
+    /// The `--metrics-ca FILE` of the doctor command the demo printed.
+    fn metrics_ca(&self) -> String {
+        self.printed
+            .split_whitespace()
+            .skip_while(|w| *w != "--metrics-ca")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no --metrics-ca in:\n{}", self.printed))
+            .to_string()
+    }
+
+    fn metrics_ca_or_none(&self) -> String {
+        if self.printed.contains("--metrics-ca") {
+            self.metrics_ca()
+        } else {
+            String::new()
+        }
+    }
+
+    /// Lines printed since it was ready.
+    fn later_lines(&self) -> Vec<String> {
+        self.later.try_iter().collect()
+    }
+}
+
+impl Drop for BrokenDemo {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Starts `ccm demo --break <scenario>` and returns it once it prints the doctor command.
-fn broken_demo(scenario: &str, kubeconfig: &Path) -> std::process::Child {
+fn broken_demo(scenario: &str, kubeconfig: &Path) -> BrokenDemo {
     use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_ccm"))
         .args([
@@ -366,10 +406,19 @@ fn broken_demo(scenario: &str, kubeconfig: &Path) -> std::process::Child {
     while let Some(Ok(line)) = lines.next() {
         seen.push_str(&line);
         seen.push('\n');
-        if line.contains("ccm doctor --kubeconfig") {
+        if line.contains("Still running") {
             // Keep reading, so the demo never writes into a closed pipe.
-            std::thread::spawn(move || lines.for_each(drop));
-            return child;
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for line in lines.map_while(Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+            return BrokenDemo {
+                child,
+                printed: seen,
+                later: rx,
+            };
         }
     }
     let _ = child.kill();
@@ -377,13 +426,53 @@ fn broken_demo(scenario: &str, kubeconfig: &Path) -> std::process::Child {
     panic!("demo --break {scenario} ended before it was ready:\n{seen}");
 }
 
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// Doctor sends the kubeconfig's token only to an endpoint whose certificate it verified: the
+/// server on the CCM pod's declared port (`--break token-probe`) presents a certificate from
+/// no trusted CA, so it gets one anonymous request and no credential. The route check says
+/// why it could not read the metrics and how to let doctor verify the CCM.
+#[test]
+fn doctor_never_sends_a_credential_to_an_unverified_metrics_endpoint() {
+    let dir = std::env::temp_dir().join(format!("ccm-doctor-probe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let kubeconfig = dir.join("kubeconfig");
+    let demo = broken_demo("token-probe", &kubeconfig);
+    assert!(
+        demo.printed.contains("token-probe: listening on"),
+        "{}",
+        demo.printed
+    );
+    let out = doctor(&kubeconfig, &["-o", "json"]);
+    let (report, f) = findings(&out);
+    assert_eq!(f["ccm-pods"]["verdict"], "ok", "{report:#}");
+    assert_eq!(
+        f["route-syncs"]["verdict"], "warn",
+        "{:#}",
+        f["route-syncs"]
+    );
+    let route = text(&f["route-syncs"]);
+    assert!(
+        route.contains("serving certificate not verified"),
+        "{route}"
+    );
+    assert!(route.contains("sent no credentials"), "{route}");
+    assert!(route.contains("--metrics-ca"), "{route}");
+    // Let the probe's lines arrive, then read what it saw.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let seen: Vec<String> = demo
+        .later_lines()
+        .into_iter()
+        .filter(|l| l.starts_with("token-probe: request"))
+        .collect();
+    assert!(
+        seen.iter().any(|l| l.contains("\"ccm-doctor\"")),
+        "doctor never reached the probe: {seen:?}"
+    );
+    assert!(
+        seen.iter().all(|l| l.contains("without credentials")),
+        "doctor sent a credential to an unverified endpoint: {seen:?}"
+    );
+    drop(demo);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -413,8 +502,13 @@ fn demo_break_scenarios_are_what_doctor_reports() {
         ("kubelet-not-external", &["kubelet-cloud-provider"][..]),
     ] {
         let kubeconfig = dir.join(format!("{scenario}.kubeconfig"));
-        let _demo = Killed(broken_demo(scenario, &kubeconfig));
-        let out = doctor(&kubeconfig, &["-o", "json", "--grace=0s"]);
+        let demo = broken_demo(scenario, &kubeconfig);
+        let ca = format!("--metrics-ca={}", demo.metrics_ca_or_none());
+        let mut args = vec!["-o", "json", "--grace=0s"];
+        if demo.printed.contains("--metrics-ca") {
+            args.push(&ca);
+        }
+        let out = doctor(&kubeconfig, &args);
         let (report, f) = findings(&out);
         assert_eq!(out.status.code(), Some(2), "{scenario}: {report:#}");
         for id in failing {

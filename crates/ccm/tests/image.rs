@@ -15,21 +15,28 @@ fn workspace() -> PathBuf {
         .expect("workspace root")
 }
 
-fn buildah() -> PathBuf {
+fn find_buildah() -> Option<PathBuf> {
     ["/usr/bin/buildah", "/usr/local/bin/buildah"]
         .iter()
         .map(PathBuf::from)
         .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!("buildah not found: run .ci/run (or .ci/setup.d/50-deploy.sh) to install it")
-        })
+}
+
+fn buildah() -> PathBuf {
+    find_buildah().unwrap_or_else(|| {
+        panic!("buildah not found: run .ci/test (or .ci/setup.d/50-deploy.sh) to install it")
+    })
 }
 
 struct Store(PathBuf);
 
 impl Store {
     fn cmd(&self) -> Command {
-        let mut c = Command::new(buildah());
+        self.cmd_with(buildah())
+    }
+
+    fn cmd_with(&self, buildah: PathBuf) -> Command {
+        let mut c = Command::new(buildah);
         c.arg("--root")
             .arg(self.0.join("root"))
             .arg("--runroot")
@@ -50,10 +57,14 @@ impl Store {
     }
 }
 
+/// Never panics: a panic here, while a failed test unwinds (buildah missing, say), would abort
+/// the whole test binary instead of reporting the failure.
 impl Drop for Store {
     fn drop(&mut self) {
-        let _ = self.cmd().args(["rm", "--all"]).output();
-        let _ = self.cmd().args(["rmi", "--all", "--force"]).output();
+        if let Some(b) = find_buildah() {
+            let _ = self.cmd_with(b.clone()).args(["rm", "--all"]).output();
+            let _ = self.cmd_with(b).args(["rmi", "--all", "--force"]).output();
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -63,7 +63,7 @@ pub fn owner_hint(p: &Pod) -> String {
 }
 
 /// Whether one toleration tolerates one taint (the scheduler's rule).
-fn tolerates(t: &Toleration, taint: &Taint) -> bool {
+pub(super) fn tolerates(t: &Toleration, taint: &Taint) -> bool {
     let effect_ok = t
         .effect
         .as_deref()
@@ -371,6 +371,23 @@ fn no_ccm_pod(snap: &Snapshot) -> Finding {
             human(age)
         )])
         .fix("the CCM runs outside the cluster or in another namespace (pass --namespace NS); pod checks are skipped");
+    }
+    if let Some(w) = super::workload::ccm_workloads(snap).first() {
+        return Finding::new(
+            ID_PODS,
+            Verdict::Fail,
+            format!(
+                "no cloud-controller-manager pod in {ns}: {} exists but runs none",
+                w.reference()
+            ),
+        )
+        .evidence([format!(
+            "{}: {} of {} pods ready",
+            w.reference(),
+            w.ready,
+            w.desired
+        )])
+        .fix("see ccm-workload below for why it places no pod");
     }
     Finding::new(
         ID_PODS,

@@ -4,6 +4,7 @@ pub mod ccm;
 pub mod nodes;
 pub mod routes;
 pub mod services;
+pub mod workload;
 
 use k8s_openapi::api::core::v1::{Event, Node};
 
@@ -16,6 +17,7 @@ pub fn run_all(snap: &Snapshot) -> Vec<Finding> {
         nodes::uninitialized_taint(snap),
         nodes::network_deadlock(snap),
         ccm::ccm_pods(snap),
+        workload::ccm_workload(snap),
         ccm::leader_election(snap),
         ccm::kcm_cloud_provider(snap),
         nodes::kubelet_cloud_provider(snap),

@@ -147,6 +147,7 @@ fn healthy() -> Snapshot {
         services: Ok(vec![lb_service("web", true)]),
         events: Ok(vec![]),
         endpoint_slices: Ok(vec![]),
+        workloads: Default::default(),
         lease: LeaseLookup {
             namespace: "kube-system".into(),
             name: "cloud-controller-manager".into(),
@@ -546,7 +547,11 @@ fn interval_mode_route_syncs_suggest_watch_mode() {
             .any(|e| e.contains("703 route syncs in 2h00m of uptime (352/h)")),
         "{f:?}"
     );
-    assert!(f.evidence[0].contains("not verified: self-signed"), "{f:?}");
+    assert!(
+        f.evidence[0]
+            .contains("anonymously (serving certificate not verified, so no credentials sent)"),
+        "{f:?}"
+    );
 
     // An upstream CCM (no trigger label) in its default interval mode.
     snap.metrics = MetricsProbe::Scraped {
