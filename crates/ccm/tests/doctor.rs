@@ -479,30 +479,91 @@ fn doctor_never_sends_a_credential_to_an_unverified_metrics_endpoint() {
 fn demo_break_scenarios_are_what_doctor_reports() {
     let dir = std::env::temp_dir().join(format!("ccm-doctor-break-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    for (scenario, failing) in [
+    // (scenario, exit status, the failing checks, a check and what it must say)
+    let cases: &[(&str, i32, &[&str], (&str, &str))] = &[
         (
             "ccm-down",
+            2,
             &[
                 "uninitialized-taint",
                 "ccm-pods",
                 "leader-election",
                 "lb-pending",
-            ][..],
+            ],
+            ("ccm-pods", "deploy the cloud-controller-manager"),
         ),
         (
             "ccm-untolerated",
+            2,
             &[
                 "uninitialized-taint",
                 "network-deadlock",
                 "ccm-pods",
+                "ccm-workload",
                 "leader-election",
                 "lb-pending",
-            ][..],
+            ],
+            ("ccm-workload", "does not tolerate"),
         ),
-        ("kubelet-not-external", &["kubelet-cloud-provider"][..]),
-    ] {
+        (
+            "kubelet-not-external",
+            2,
+            &["kubelet-cloud-provider"],
+            ("kubelet-cloud-provider", "kubelet on node node-00004"),
+        ),
+        (
+            "kcm-cloud-loops",
+            2,
+            &["kcm-cloud-provider"],
+            (
+                "kcm-cloud-provider",
+                "refuses --cloud-provider=aws since 1.29",
+            ),
+        ),
+        (
+            "daemonset-no-match",
+            2,
+            &[
+                "uninitialized-taint",
+                "ccm-pods",
+                "ccm-workload",
+                "leader-election",
+                "lb-pending",
+            ],
+            (
+                "ccm-workload",
+                r#"matches none of the 4 nodes (the nodes carry node-role.kubernetes.io/control-plane=\"true\")"#,
+            ),
+        ),
+        (
+            "untolerated-but-running",
+            1,
+            &[],
+            ("ccm-workload", "no hostNetwork — works now, breaks when"),
+        ),
+        (
+            "kcm-crashloop",
+            2,
+            &["kcm-cloud-provider"],
+            ("kcm-cloud-provider", "crash-looping"),
+        ),
+    ];
+    // The demos start together (each is a few seconds of setup), doctor reads each in turn.
+    let demos: Vec<BrokenDemo> = std::thread::scope(|s| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|(scenario, ..)| {
+                let kubeconfig = dir.join(format!("{scenario}.kubeconfig"));
+                s.spawn(move || broken_demo(scenario, &kubeconfig))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("demo"))
+            .collect()
+    });
+    for ((scenario, code, failing, (check, says)), demo) in cases.iter().zip(&demos) {
         let kubeconfig = dir.join(format!("{scenario}.kubeconfig"));
-        let demo = broken_demo(scenario, &kubeconfig);
         let ca = format!("--metrics-ca={}", demo.metrics_ca_or_none());
         let mut args = vec!["-o", "json", "--grace=0s"];
         if demo.printed.contains("--metrics-ca") {
@@ -510,8 +571,8 @@ fn demo_break_scenarios_are_what_doctor_reports() {
         }
         let out = doctor(&kubeconfig, &args);
         let (report, f) = findings(&out);
-        assert_eq!(out.status.code(), Some(2), "{scenario}: {report:#}");
-        for id in failing {
+        assert_eq!(out.status.code(), Some(*code), "{scenario}: {report:#}");
+        for id in *failing {
             assert_eq!(f[*id]["verdict"], "fail", "{scenario}: {id}: {:#}", f[*id]);
         }
         let failed: Vec<&String> = f.keys().filter(|k| f[*k]["verdict"] == "fail").collect();
@@ -520,22 +581,43 @@ fn demo_break_scenarios_are_what_doctor_reports() {
             failing.len(),
             "{scenario}: unexpected failures {failed:?}"
         );
-        if scenario == "kubelet-not-external" {
-            // The demo's CCM really runs: its pod and Lease line up.
-            assert_eq!(f["ccm-pods"]["verdict"], "ok", "{:#}", f["ccm-pods"]);
+        assert!(
+            text(&f[*check]).contains(says),
+            "{scenario}: {check} does not say {says:?}: {:#}",
+            f[*check]
+        );
+        assert!(
+            !report["seen"]["server_version"]
+                .as_str()
+                .unwrap_or_default()
+                .is_empty(),
+            "{report:#}"
+        );
+        if demo.printed.contains("--metrics-ca") && *scenario != "token-probe" {
+            // The demo's CCM really runs: its pod and Lease line up, and its metrics are read
+            // over HTTPS with the kubeconfig's token after verifying its serving certificate
+            // (TokenReview and SubjectAccessReview by the CCM): watch-mode route syncs, a ✅.
+            assert_eq!(
+                f["ccm-pods"]["verdict"], "ok",
+                "{scenario}: {:#}",
+                f["ccm-pods"]
+            );
             assert_eq!(
                 f["leader-election"]["verdict"], "ok",
-                "{:#}",
+                "{scenario}: {:#}",
                 f["leader-election"]
             );
-            assert!(text(&f["kubelet-cloud-provider"]).contains("kubelet on node node-00004"));
-            // The real CCM's metrics, over HTTPS with the kubeconfig's token (TokenReview and
-            // SubjectAccessReview by the CCM): watch-mode route syncs, a ✅.
-            assert_eq!(f["route-syncs"]["verdict"], "ok", "{:#}", f["route-syncs"]);
+            assert_eq!(
+                f["route-syncs"]["verdict"], "ok",
+                "{scenario}: {:#}",
+                f["route-syncs"]
+            );
             let route = text(&f["route-syncs"]);
             assert!(route.contains("read https://127.0.0.1:"), "{route}");
+            assert!(!route.contains("anonymously"), "{route}");
             assert!(route.contains("route syncs in"), "{route}");
         }
     }
+    drop(demos);
     let _ = std::fs::remove_dir_all(&dir);
 }

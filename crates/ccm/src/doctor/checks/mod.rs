@@ -22,6 +22,7 @@ pub fn run_all(snap: &Snapshot) -> Vec<Finding> {
         ccm::kcm_cloud_provider(snap),
         nodes::kubelet_cloud_provider(snap),
         nodes::node_metadata(snap),
+        nodes::node_network(snap),
         services::lb_pending(snap),
         services::lb_local_endpoints(snap),
         services::external_ips(snap),

@@ -172,7 +172,14 @@ fn assess(snap: &Snapshot, w: &View) -> (Vec<String>, Vec<String>) {
         if !seen.is_empty() {
             line.push_str(&format!(" (the nodes carry {})", seen.join(", ")));
         }
-        now.push(line);
+        if w.desired > 0 && w.ready >= w.desired {
+            // Its pods run where the labels were: the next reschedule has nowhere to go.
+            later.push(format!(
+                "{line} — works now, breaks when its pods are rescheduled"
+            ));
+        } else {
+            now.push(line);
+        }
     } else {
         let blocked: Vec<&Node> = nodes
             .iter()
