@@ -357,9 +357,13 @@ pub async fn run(opts: &DemoOptions, breakage: Breakage) -> anyhow::Result<ExitC
         _ => None,
     };
     let ccm = if breakage.ccm_runs() {
-        let ccm = Ccm::start_advertising(&cluster, &[], probe.as_ref().map(|(port, _)| *port))
-            .await?
-            .0;
+        let ccm = Ccm::start_advertising(
+            &cluster,
+            &opts.ccm_arg_refs(),
+            probe.as_ref().map(|(port, _)| *port),
+        )
+        .await?
+        .0;
         if breakage != Breakage::UntoleratedButRunning {
             register_ccm_workload(&cluster, "deployment", Shape::AsShipped, 1).await?;
         }

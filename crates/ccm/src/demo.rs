@@ -55,6 +55,9 @@ pub struct DemoOptions {
     /// Stage a failure and keep the cluster up for `ccm doctor --kubeconfig …` to diagnose.
     #[arg(long = "break", value_enum, value_name = "SCENARIO")]
     pub breakage: Option<crate::breakage::Breakage>,
+    /// A flag for the demo's CCM, e.g. `--ccm-arg=--cloud-api-qps=20` (repeatable).
+    #[arg(long = "ccm-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    pub ccm_args: Vec<String>,
 }
 
 /// The summary printed (and written with --summary-json).
@@ -322,6 +325,13 @@ pub(crate) async fn register(
     Ok(())
 }
 
+impl DemoOptions {
+    /// `--ccm-arg` values as the CCM's extra flags.
+    pub(crate) fn ccm_arg_refs(&self) -> Vec<&str> {
+        self.ccm_args.iter().map(String::as_str).collect()
+    }
+}
+
 /// Runs the demo; returns the process exit code.
 pub async fn run(opts: DemoOptions) -> anyhow::Result<std::process::ExitCode> {
     if opts.compare_route_modes {
@@ -340,7 +350,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<std::process::ExitCode> {
             path.display()
         );
     }
-    let (ccm, handles) = Ccm::start(&cluster, &[]).await?;
+    let (ccm, handles) = Ccm::start(&cluster, &opts.ccm_arg_refs()).await?;
     println!(
         "{}",
         metrics_hint(

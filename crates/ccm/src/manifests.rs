@@ -14,6 +14,12 @@ use serde_json::{Map, Value, json};
 pub const VALUES_YAML: &str = include_str!("../../../deploy/helm/ccm-rs/values.yaml");
 /// The chart's fixed parts (`deploy/helm/ccm-rs/files/ccm.json`).
 pub const CCM_JSON: &str = include_str!("../../../deploy/helm/ccm-rs/files/ccm.json");
+/// The monitoring mixin's Prometheus rules (`deploy/helm/ccm-rs/files/monitoring/rules.yaml`).
+pub const MONITORING_RULES: &str =
+    include_str!("../../../deploy/helm/ccm-rs/files/monitoring/rules.yaml");
+/// The mixin's Grafana dashboard (`deploy/helm/ccm-rs/files/monitoring/dashboard.json`).
+pub const DASHBOARD_JSON: &str =
+    include_str!("../../../deploy/helm/ccm-rs/files/monitoring/dashboard.json");
 /// The chart's values schema (`deploy/helm/ccm-rs/values.schema.json`): `ccm manifests`
 /// refuses the keys Helm refuses.
 pub const VALUES_SCHEMA: &str = include_str!("../../../deploy/helm/ccm-rs/values.schema.json");
@@ -411,6 +417,7 @@ pub fn render(v: &Value, namespace: &str) -> anyhow::Result<Vec<Value>> {
     }
     out.extend(workload(v, &f, &ns));
     out.extend(monitors(v, &f, &ns));
+    out.extend(mixin(v, &f, &ns)?);
     Ok(out)
 }
 
@@ -728,4 +735,37 @@ fn monitors(v: &Value, f: &Value, ns: &Ns) -> Vec<Value> {
         ));
     }
     out
+}
+
+/// `labels` over the fixed ones, the fixed ones winning (as Helm's `merge`).
+fn labels_with(f: &Value, extra: &Value) -> Value {
+    let mut l = extra.as_object().cloned().unwrap_or_default();
+    l.extend(f["labels"].as_object().cloned().unwrap_or_default());
+    Value::Object(l)
+}
+
+/// The monitoring mixin: a PrometheusRule and the dashboard ConfigMap, when enabled.
+fn mixin(v: &Value, f: &Value, ns: &Ns) -> anyhow::Result<Vec<Value>> {
+    let m = &v["monitoring"];
+    let mut out = Vec::new();
+    if m["prometheusRule"]["enabled"] == json!(true) {
+        let rules: Value = serde_yaml_ng::from_str(MONITORING_RULES).context("rules.yaml")?;
+        out.push(obj(
+            "monitoring.coreos.com/v1",
+            "PrometheusRule",
+            json!({"name": f["name"], "namespace": ns.release,
+                "labels": labels_with(f, &m["prometheusRule"]["labels"])}),
+            json!({"spec": rules}),
+        ));
+    }
+    if m["dashboards"]["enabled"] == json!(true) {
+        out.push(obj(
+            "v1",
+            "ConfigMap",
+            json!({"name": f["dashboardsConfigMap"], "namespace": ns.release,
+                "labels": labels_with(f, &m["dashboards"]["labels"])}),
+            json!({"data": {"ccm-rs.json": DASHBOARD_JSON}}),
+        ));
+    }
+    Ok(out)
 }

@@ -475,12 +475,19 @@ fn doctor_never_sends_a_credential_to_an_unverified_metrics_endpoint() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// (scenario, exit status, the failing checks, a check and what it must say)
+type Case = (
+    &'static str,
+    i32,
+    &'static [&'static str],
+    (&'static str, &'static str),
+);
+
 #[test]
 fn demo_break_scenarios_are_what_doctor_reports() {
     let dir = std::env::temp_dir().join(format!("ccm-doctor-break-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    // (scenario, exit status, the failing checks, a check and what it must say)
-    let cases: &[(&str, i32, &[&str], (&str, &str))] = &[
+    let cases: &[Case] = &[
         (
             "ccm-down",
             2,

@@ -425,7 +425,10 @@ fn fitted_values() -> Value {
         "dnsPolicy": "ClusterFirstWithHostNet",
         "priorityClassName": "system-node-critical",
         "cloudConfig": "[Global]\nZone = us-east-1a\n",
-        "metrics": {"readerSubjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}]}
+        "metrics": {"readerSubjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}]},
+        // The dashboard ConfigMap through the real Helm engine (a PrometheusRule needs the
+        // Prometheus Operator's CRD, which kube-sim does not serve).
+        "monitoring": {"dashboards": {"enabled": true}}
     })
 }
 
