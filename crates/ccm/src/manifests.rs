@@ -479,13 +479,20 @@ fn provider_rbac(v: &Value, f: &Value, ns: &Ns) -> Vec<Value> {
             subjects.clone(),
         ));
     }
-    if non_empty(&p["rules"]) {
+    let mut rules = list(&p["rules"]);
+    let secrets = &v["metal"]["credentialsSecrets"];
+    if provider == "metal" && non_empty(secrets) {
+        // The BMC credentials, by name: never every Secret of the namespace.
+        rules.push(json!({"apiGroups": [""], "resources": ["secrets"],
+            "resourceNames": secrets, "verbs": ["get"]}));
+    }
+    if !rules.is_empty() {
         out.extend(bound(
             "Role",
             &name,
             Some(ns.release),
             f,
-            &p["rules"],
+            &json!(rules),
             subjects,
         ));
     }

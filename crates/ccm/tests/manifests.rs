@@ -326,6 +326,10 @@ async fn helm_chart_renders_what_ccm_manifests_prints() {
             fitted_values(),
             vec!["--values".into(), "VALUES_FILE".into()],
         ),
+        (
+            serde_json::json!({"provider": "metal", "metal": {"credentialsSecrets": ["bmc-rack1"]}}),
+            vec!["--values".into(), "VALUES_FILE".into()],
+        ),
     ];
     for (i, (values, args)) in cases.into_iter().enumerate() {
         let values_file = dir.join(format!("values-{i}.json"));
@@ -749,5 +753,75 @@ async fn the_release_namespace_is_honoured_and_an_upgrade_renders_the_same() {
         "a changed cloud config must roll the pods"
     );
     sim.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The RBAC objects, keyed by kind and name.
+fn rbac_of(args: &[&str]) -> std::collections::BTreeMap<String, Value> {
+    by_key(docs(&ccm_manifests(args)))
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("Role") || k.starts_with("ClusterRole"))
+        .collect()
+}
+
+/// A provider's own API calls are granted only with that provider. The AWS provider makes
+/// none (it talks to AWS only), so its grants are sim's; the metal provider patches Services
+/// (kube-vip's annotation), lists Services and Nodes (already the manager's: its informers),
+/// and reads the BMC credential Secrets the cloud config names, and nothing else.
+#[test]
+fn provider_grants_follow_the_provider() {
+    let sim = rbac_of(&["--provider=sim"]);
+    assert_eq!(
+        rbac_of(&["--provider=aws"]),
+        sim,
+        "aws grants differ from sim's"
+    );
+    let metal = rbac_of(&["--provider=metal"]);
+    let extra: Vec<&String> = metal.keys().filter(|k| !sim.contains_key(*k)).collect();
+    assert_eq!(
+        extra,
+        [
+            "ClusterRole/ccm-rs:provider-metal",
+            "ClusterRoleBinding/ccm-rs:provider-metal"
+        ]
+    );
+    assert_eq!(
+        metal["ClusterRole/ccm-rs:provider-metal"]["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["services"], "verbs": ["patch"]}])
+    );
+    assert_eq!(
+        metal["ClusterRoleBinding/ccm-rs:provider-metal"]["subjects"],
+        serde_json::json!([{"kind": "ServiceAccount", "name": "cloud-controller-manager", "namespace": "kube-system"}])
+    );
+    for (k, o) in &sim {
+        assert_eq!(&metal[k], o, "{k}");
+    }
+    // list/watch nodes and services: the manager's own grant, which the provider shares.
+    let manager = &sim["ClusterRole/ccm-rs:cloud-controller-manager"]["rules"][0];
+    assert_eq!(
+        manager["resources"],
+        serde_json::json!(["nodes", "services"])
+    );
+    assert_eq!(manager["verbs"], serde_json::json!(["list", "watch"]));
+
+    let dir = tempdir("metal");
+    let file = dir.join("values.yaml");
+    std::fs::write(
+        &file,
+        "provider: metal\nmetal:\n  credentialsSecrets: [bmc-rack1, bmc-rack2]\n",
+    )
+    .expect("write");
+    let with_secrets = rbac_of(&["--values", file.to_str().expect("path")]);
+    assert_eq!(
+        with_secrets["Role/ccm-rs:provider-metal"]["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["secrets"],
+            "resourceNames": ["bmc-rack1", "bmc-rack2"], "verbs": ["get"]}])
+    );
+    std::fs::write(
+        &file,
+        "provider: sim\nmetal:\n  credentialsSecrets: [bmc-rack1]\n",
+    )
+    .expect("write");
+    assert_eq!(rbac_of(&["--values", file.to_str().expect("path")]), sim);
     let _ = std::fs::remove_dir_all(&dir);
 }
