@@ -322,6 +322,7 @@ pub fn node_network(snap: &Snapshot) -> Finding {
         .evidence(evidence)
         .fix("the CNI clears NetworkUnavailable when it routes pods itself; with cloud routes, run the CCM with --cluster-cidr (and --configure-cloud-routes, the default)"),
         Some(true) => Finding::new(ID_NETWORK, Verdict::Ok, "every node has a podCIDR and no NetworkUnavailable condition"),
-        _ => Finding::new(ID_NETWORK, Verdict::Ok, "no node is NetworkUnavailable (the CCM configures no routes; podCIDRs are the CNI's business)"),
+        Some(false) => Finding::new(ID_NETWORK, Verdict::Ok, "no node is NetworkUnavailable (the CCM configures no routes; podCIDRs are the CNI's business)"),
+        None => Finding::new(ID_NETWORK, Verdict::Ok, "no node is NetworkUnavailable"),
     }
 }
