@@ -312,7 +312,7 @@ async fn doctor_diagnoses_a_broken_cluster_read_only_then_passes_as_a_kubectl_pl
             .arg(format!("--kubeconfig={}", kc.display()))
             .env("PATH", path)
             .output()
-            .expect("kubectl (install it: .ci/run)")
+            .expect("kubectl (install it: .ci/test)")
     })
     .await
     .expect("join");

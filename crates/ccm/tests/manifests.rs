@@ -3,7 +3,7 @@
 //! Helm chart (rendered by a real Helm engine) agreeing with `ccm manifests` object by object.
 //!
 //! These tests fail (never skip) when kubectl, kubernetes-validate or the Helm engine is
-//! missing: `.ci/run` installs them (`.ci/setup.d/50-deploy.sh`).
+//! missing: `.ci/test` installs them (`.ci/setup.d/50-deploy.sh`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -20,7 +20,7 @@ fn workspace() -> PathBuf {
         .expect("workspace root")
 }
 
-/// A tool on PATH, else in the workspace's `.venv/bin` (where `.ci/run` installs it).
+/// A tool on PATH, else in the workspace's `.venv/bin` (where `.ci/test` installs it).
 fn tool(name: &str) -> PathBuf {
     let venv = workspace().join(".venv/bin");
     std::env::var_os("PATH")
@@ -31,7 +31,7 @@ fn tool(name: &str) -> PathBuf {
         .map(|d| d.join(name))
         .find(|p| p.is_file())
         .unwrap_or_else(|| {
-            panic!("{name} not found on PATH or in .venv/bin: run .ci/run (or .ci/setup.d/50-deploy.sh) to install it")
+            panic!("{name} not found on PATH or in .venv/bin: run .ci/test (or .ci/setup.d/50-deploy.sh) to install it")
         })
 }
 
