@@ -8,4 +8,4 @@ if ! command -v kubectl >/dev/null 2>&1; then
   echo "FATAL: kubectl is missing and could not be installed; the kube-sim tests need the real kubectl binary" >&2
   exit 1
 fi
-kubectl version --client 2>/dev/null | head -1
+kubectl version --client 2>/dev/null | sed -n 1p
