@@ -55,6 +55,9 @@ pub struct DemoOptions {
     /// Stage a failure and keep the cluster up for `ccm doctor --kubeconfig …` to diagnose.
     #[arg(long = "break", value_enum, value_name = "SCENARIO")]
     pub breakage: Option<crate::breakage::Breakage>,
+    /// A flag for the demo's CCM, e.g. `--ccm-arg=--cloud-api-qps=20` (repeatable).
+    #[arg(long = "ccm-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    pub ccm_args: Vec<String>,
 }
 
 /// The summary printed (and written with --summary-json).
@@ -98,6 +101,9 @@ pub(crate) struct Ccm {
     task: tokio::task::JoinHandle<anyhow::Result<Exit>>,
     /// Where the CCM serves `/metrics` (HTTPS, self-signed, delegated auth).
     pub(crate) metrics_url: String,
+    /// The self-signed serving certificate's chain (serving certificate, then its CA): what
+    /// `ccm doctor --metrics-ca` and `curl --cacert` verify the endpoint with.
+    pub(crate) serving_cert: std::path::PathBuf,
 }
 
 /// A loopback port free right now, for the demo CCM's secure port (a fixed 10258 would clash
@@ -108,12 +114,15 @@ fn free_loopback_port() -> anyhow::Result<u16> {
         .port())
 }
 
-/// How to read the demo CCM's metrics, without printing the token.
-pub(crate) fn metrics_hint(url: &str, kubeconfig: &std::path::Path) -> String {
+/// How to read the demo CCM's metrics, without printing the token, and sending it only to
+/// the verified endpoint.
+pub(crate) fn metrics_hint(ccm: &Ccm, kubeconfig: &std::path::Path) -> String {
     format!(
-        "CCM metrics at {url} (HTTPS, self-signed; authorized by the API server like upstream's) — try:\n  \
-         ccm doctor --kubeconfig {k}\n  \
-         curl -sk -H \"Authorization: Bearer $(kubectl --kubeconfig {k} config view --raw -o jsonpath='{{.users[0].user.token}}')\" {url}",
+        "CCM metrics at {url} (HTTPS, self-signed CA in {ca}; authorized by the API server like upstream's) — try:\n  \
+         ccm doctor --kubeconfig {k} --metrics-ca {ca}\n  \
+         curl -s --cacert {ca} -H \"Authorization: Bearer $(kubectl --kubeconfig {k} config view --raw -o jsonpath='{{.users[0].user.token}}')\" {url}",
+        url = ccm.metrics_url,
+        ca = ccm.serving_cert.display(),
         k = kubeconfig.display()
     )
 }
@@ -124,8 +133,21 @@ impl Ccm {
         cluster: &SimCluster,
         extra: &[&str],
     ) -> anyhow::Result<(Self, ControllerHandles)> {
+        Self::start_advertising(cluster, extra, None).await
+    }
+
+    /// As [`Ccm::start`]; its Pod object declares `--secure-port=advertised_port` when given
+    /// (another process than the CCM answers there: `--break token-probe`).
+    pub(crate) async fn start_advertising(
+        cluster: &SimCluster,
+        extra: &[&str],
+        advertised_port: Option<u16>,
+    ) -> anyhow::Result<(Self, ControllerHandles)> {
         let kubeconfig = cluster.kubeconfig.display().to_string();
         let port = free_loopback_port().context("no free loopback port for the secure port")?;
+        let cert_dir = cluster
+            .kubeconfig
+            .with_file_name(format!("ccm-serving-{port}"));
         let mut argv = vec![
             "ccm".to_string(),
             "--cloud-provider=sim".into(),
@@ -133,6 +155,7 @@ impl Ccm {
             format!("--cluster-cidr={CLUSTER_CIDR}"),
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={port}"),
+            format!("--cert-dir={}", cert_dir.display()),
             "--leader-elect-retry-period=500ms".into(),
         ];
         argv.extend(extra.iter().map(|s| s.to_string()));
@@ -140,7 +163,10 @@ impl Ccm {
         let pod_args: Vec<String> = argv[1..]
             .iter()
             .filter(|a| !a.starts_with("--kubeconfig="))
-            .cloned()
+            .map(|a| match advertised_port {
+                Some(p) if a.starts_with("--secure-port=") => format!("--secure-port={p}"),
+                _ => a.clone(),
+            })
             .collect();
         crate::breakage::register_ccm_pod(cluster, &pod_args).await?;
         let options = RunArgs::try_parse_from(argv)?.options;
@@ -172,12 +198,14 @@ impl Ccm {
         .await
         .context("the CCM did not start its controllers within 60s")??;
         let metrics_url = format!("https://127.0.0.1:{port}/metrics");
+        let serving_cert = cert_dir.join(format!("{}.crt", ccm_manager::tls::PAIR_NAME));
         Ok((
             Ccm {
                 rt,
                 shutdown,
                 task,
                 metrics_url,
+                serving_cert,
             },
             handles,
         ))
@@ -297,6 +325,13 @@ pub(crate) async fn register(
     Ok(())
 }
 
+impl DemoOptions {
+    /// `--ccm-arg` values as the CCM's extra flags.
+    pub(crate) fn ccm_arg_refs(&self) -> Vec<&str> {
+        self.ccm_args.iter().map(String::as_str).collect()
+    }
+}
+
 /// Runs the demo; returns the process exit code.
 pub async fn run(opts: DemoOptions) -> anyhow::Result<std::process::ExitCode> {
     if opts.compare_route_modes {
@@ -315,11 +350,11 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<std::process::ExitCode> {
             path.display()
         );
     }
-    let (ccm, handles) = Ccm::start(&cluster, &[]).await?;
+    let (ccm, handles) = Ccm::start(&cluster, &opts.ccm_arg_refs()).await?;
     println!(
         "{}",
         metrics_hint(
-            &ccm.metrics_url,
+            &ccm,
             opts.kubeconfig_out
                 .as_deref()
                 .unwrap_or(&cluster.kubeconfig)

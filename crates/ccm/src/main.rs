@@ -17,6 +17,7 @@ mod doctor;
 mod manifests;
 mod plot;
 mod providers;
+mod token_probe;
 
 /// ccm-rs: a Kubernetes cloud-controller-manager, event-driven and batched.
 #[derive(Debug, Parser)]

@@ -14,6 +14,15 @@ use serde_json::{Map, Value, json};
 pub const VALUES_YAML: &str = include_str!("../../../deploy/helm/ccm-rs/values.yaml");
 /// The chart's fixed parts (`deploy/helm/ccm-rs/files/ccm.json`).
 pub const CCM_JSON: &str = include_str!("../../../deploy/helm/ccm-rs/files/ccm.json");
+/// The monitoring mixin's Prometheus rules (`deploy/helm/ccm-rs/files/monitoring/rules.yaml`).
+pub const MONITORING_RULES: &str =
+    include_str!("../../../deploy/helm/ccm-rs/files/monitoring/rules.yaml");
+/// The mixin's Grafana dashboard (`deploy/helm/ccm-rs/files/monitoring/dashboard.json`).
+pub const DASHBOARD_JSON: &str =
+    include_str!("../../../deploy/helm/ccm-rs/files/monitoring/dashboard.json");
+/// The chart's values schema (`deploy/helm/ccm-rs/values.schema.json`): `ccm manifests`
+/// refuses the keys Helm refuses.
+pub const VALUES_SCHEMA: &str = include_str!("../../../deploy/helm/ccm-rs/values.schema.json");
 
 /// Flags of `ccm manifests`.
 #[derive(Debug, Clone, clap::Args)]
@@ -21,12 +30,20 @@ pub struct ManifestOptions {
     /// A values file in the chart's format (as `helm template -f`); flags override it.
     #[arg(long, short = 'f')]
     pub values: Option<PathBuf>,
-    /// `--cloud-provider` of the rendered CCM.
+    /// `--cloud-provider` of the rendered CCM: sim, aws or metal.
     #[arg(long)]
     pub provider: Option<String>,
-    /// deployment, daemonset or static-pod.
+    /// deployment, daemonset or static-pod (the Pod file alone; see --rbac).
     #[arg(long, value_parser = ["deployment", "daemonset", "static-pod"])]
     pub variant: Option<String>,
+    /// The namespace of the CCM's ServiceAccount and workload (Helm's release namespace). Its
+    /// Lease and the controllers' ServiceAccounts stay in kube-system, as upstream's.
+    #[arg(long, short = 'n', default_value = "kube-system")]
+    pub namespace: String,
+    /// With --variant static-pod: print the RBAC objects (for `kubectl apply`) instead of the
+    /// Pod file.
+    #[arg(long)]
+    pub rbac: bool,
     /// Container image as REPOSITORY:TAG.
     #[arg(long)]
     pub image: Option<String>,
@@ -116,14 +133,25 @@ impl ManifestOptions {
 }
 
 fn check(v: &Value) -> anyhow::Result<()> {
+    let schema: Value = serde_json::from_str(VALUES_SCHEMA).context("values.schema.json")?;
+    unknown_keys(v, &schema, "")?;
+    let f = fixed()?;
     let variant = v["variant"].as_str().unwrap_or_default();
     anyhow::ensure!(
         matches!(variant, "deployment" | "daemonset" | "static-pod"),
         "variant {variant:?}: want deployment, daemonset or static-pod"
     );
+    let provider = v["provider"].as_str().unwrap_or_default();
+    let known: Vec<&str> = f["providers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
     anyhow::ensure!(
-        v["provider"].as_str().is_some_and(|p| !p.is_empty()),
-        "provider: required (the --cloud-provider the image was built with, e.g. sim, aws, metal)"
+        known.contains(&provider),
+        "provider {provider:?}: want one of {} (the providers the image carries)",
+        known.join(", ")
     );
     anyhow::ensure!(
         v["replicas"].as_u64().is_some_and(|r| r >= 1),
@@ -135,12 +163,95 @@ fn check(v: &Value) -> anyhow::Result<()> {
             .is_some_and(|a| a.iter().all(Value::is_string)),
         "extraArgs: want a list of strings such as --concurrent-service-syncs=10"
     );
+    if variant == "static-pod" {
+        static_pod_check(v)?;
+    }
     Ok(())
 }
 
-/// Prints the manifests as one multi-document YAML stream.
+/// A key the schema does not list (`additionalProperties: false`), named with its path: Helm
+/// refuses it as well, where it would otherwise be silently ignored.
+fn unknown_keys(v: &Value, schema: &Value, at: &str) -> anyhow::Result<()> {
+    let (Some(obj), Some(props)) = (v.as_object(), schema["properties"].as_object()) else {
+        return Ok(());
+    };
+    for (k, val) in obj {
+        let path = if at.is_empty() {
+            k.clone()
+        } else {
+            format!("{at}.{k}")
+        };
+        match props.get(k) {
+            Some(sub) => unknown_keys(val, sub, &path)?,
+            None if schema["additionalProperties"] == json!(false) => {
+                let mut known: Vec<&String> = props.keys().collect();
+                known.sort();
+                anyhow::bail!(
+                    "values: unknown key {path:?} (known here: {})",
+                    known
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// What a kubelet cannot do for a static pod: reference API objects (Secrets, ConfigMaps,
+/// ServiceAccounts), so volumes are host paths only.
+fn static_pod_check(v: &Value) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        v["cloudConfigSecret"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty()
+            && v["cloudConfig"].as_str().unwrap_or_default().is_empty(),
+        "static-pod: a static pod cannot mount a Secret; put the cloud config on the host and set staticPodCloudConfig to its path"
+    );
+    let bad = v["extraVolumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|vol| vol.get("hostPath").is_none());
+    anyhow::ensure!(
+        bad.is_none(),
+        "static-pod: extraVolumes {}: a static pod can mount host paths only",
+        bad.map(|b| b["name"].to_string()).unwrap_or_default()
+    );
+    anyhow::ensure!(
+        v["imagePullSecrets"].as_array().is_none_or(Vec::is_empty),
+        "static-pod: imagePullSecrets are Secrets, which a static pod cannot reference; configure the node's container runtime to pull the image"
+    );
+    let env_refs = v["env"].as_array().into_iter().flatten().any(|e| {
+        e["valueFrom"]["secretKeyRef"].is_object() || e["valueFrom"]["configMapKeyRef"].is_object()
+    });
+    anyhow::ensure!(
+        !env_refs,
+        "static-pod: env valueFrom secretKeyRef/configMapKeyRef: a static pod cannot reference API objects"
+    );
+    Ok(())
+}
+
+/// Prints the manifests as one multi-document YAML stream; a static pod as the single Pod
+/// document a kubelet reads (its RBAC objects with --rbac).
 pub fn run(opts: &ManifestOptions) -> anyhow::Result<()> {
-    let objects = render(&opts.values()?)?;
+    let values = opts.values()?;
+    let objects = render(&values, &opts.namespace)?;
+    if values["variant"] == "static-pod" {
+        let (pods, rbac): (Vec<Value>, Vec<Value>) =
+            objects.into_iter().partition(|o| o["kind"] == "Pod");
+        if opts.rbac {
+            print!("{}", to_yaml(&rbac)?);
+        } else {
+            print!("{}", serde_yaml_ng::to_string(&pods[0])?);
+        }
+        return Ok(());
+    }
+    anyhow::ensure!(!opts.rbac, "--rbac: only with --variant static-pod");
     print!("{}", to_yaml(&objects)?);
     Ok(())
 }
@@ -160,10 +271,17 @@ fn fixed() -> anyhow::Result<Value> {
     serde_json::from_str(CCM_JSON).context("the chart's files/ccm.json")
 }
 
-fn meta(f: &Value, name: &str, namespaced: bool) -> Value {
+/// Where each object goes: the release namespace, and kube-system for the Lease's and the
+/// controllers' tokens' grants (the CCM uses kube-system for both, as upstream).
+struct Ns<'a> {
+    release: &'a str,
+    system: &'a str,
+}
+
+fn meta(f: &Value, name: &str, namespace: Option<&str>) -> Value {
     let mut m = json!({"name": name, "labels": f["labels"]});
-    if namespaced {
-        m["namespace"] = f["namespace"].clone();
+    if let Some(ns) = namespace {
+        m["namespace"] = json!(ns);
     }
     m
 }
@@ -179,62 +297,131 @@ fn obj(api_version: &str, kind: &str, metadata: Value, rest: Value) -> Value {
     Value::Object(o)
 }
 
+fn rbac(kind: &str, metadata: Value, rest: Value) -> Value {
+    obj("rbac.authorization.k8s.io/v1", kind, metadata, rest)
+}
+
 fn role_ref(kind: &str, name: &str) -> Value {
     json!({"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name})
 }
 
+/// A Role or ClusterRole with its binding to `subjects`.
+fn bound(
+    kind: &str,
+    name: &str,
+    ns: Option<&str>,
+    f: &Value,
+    rules: &Value,
+    subjects: Value,
+) -> [Value; 2] {
+    [
+        rbac(kind, meta(f, name, ns), json!({"rules": rules})),
+        rbac(
+            &format!("{kind}Binding"),
+            meta(f, name, ns),
+            json!({"roleRef": role_ref(kind, name), "subjects": subjects}),
+        ),
+    ]
+}
+
 /// The subject the manager's own grants go to: its ServiceAccount, or for a static pod the
 /// user of the host kubeconfig.
-fn manager_subject(v: &Value, f: &Value) -> Value {
+fn manager_subject(v: &Value, f: &Value, ns: &Ns) -> Value {
     if v["variant"] == "static-pod" {
         json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": v["staticPodUser"]})
     } else {
-        json!({"kind": "ServiceAccount", "name": f["name"], "namespace": f["namespace"]})
+        json!({"kind": "ServiceAccount", "name": f["name"], "namespace": ns.release})
     }
 }
 
-/// Every object, in apply order (identities and RBAC before the workload).
-pub fn render(v: &Value) -> anyhow::Result<Vec<Value>> {
+fn non_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+        _ => true,
+    }
+}
+
+/// Every object, in apply order (identities and RBAC before the workload), for the release
+/// namespace `namespace`.
+pub fn render(v: &Value, namespace: &str) -> anyhow::Result<Vec<Value>> {
     check(v)?;
     let f = fixed()?;
+    let ns = Ns {
+        release: namespace,
+        system: f["namespace"].as_str().unwrap_or("kube-system"),
+    };
     let use_sa = v["useServiceAccountCredentials"].as_bool().unwrap_or(true);
     let name = f["name"].as_str().unwrap_or_default();
+    let static_pod = v["variant"] == "static-pod";
     let mut out = Vec::new();
-    let sa = |n: &str| obj("v1", "ServiceAccount", meta(&f, n, true), json!({}));
-    if v["variant"] != "static-pod" {
-        out.push(sa(name));
+    if !static_pod {
+        let mut m = meta(&f, name, Some(ns.release));
+        if non_empty(&v["serviceAccount"]["annotations"]) {
+            m["annotations"] = v["serviceAccount"]["annotations"].clone();
+        }
+        out.push(obj("v1", "ServiceAccount", m, json!({})));
     }
     if use_sa {
         for c in f["controllers"].as_array().into_iter().flatten() {
-            out.push(sa(c["serviceAccount"].as_str().unwrap_or_default()));
+            let sa = c["serviceAccount"].as_str().unwrap_or_default();
+            out.push(obj(
+                "v1",
+                "ServiceAccount",
+                meta(&f, sa, Some(ns.system)),
+                json!({}),
+            ));
         }
     }
-    out.extend(manager_rbac(v, &f, use_sa));
+    if let Some(cfg) = v["cloudConfig"].as_str().filter(|c| !c.is_empty()) {
+        let secret = f["cloudConfigSecret"].as_str().unwrap_or_default();
+        out.push(obj(
+            "v1",
+            "Secret",
+            meta(&f, secret, Some(ns.release)),
+            json!({"type": "Opaque", "stringData": {"cloud-config": cfg}}),
+        ));
+    }
+    out.extend(manager_rbac(v, &f, use_sa, &ns));
+    out.extend(provider_rbac(v, &f, &ns));
     for c in f["controllers"].as_array().into_iter().flatten() {
         let role = c["clusterRole"].as_str().unwrap_or_default();
         let subject = if use_sa {
-            json!({"kind": "ServiceAccount", "name": c["serviceAccount"], "namespace": f["namespace"]})
+            json!({"kind": "ServiceAccount", "name": c["serviceAccount"], "namespace": ns.system})
         } else {
-            manager_subject(v, &f)
+            manager_subject(v, &f, &ns)
         };
-        out.push(obj(
-            "rbac.authorization.k8s.io/v1",
+        out.extend(bound(
             "ClusterRole",
-            meta(&f, role, false),
-            json!({"rules": c["rules"]}),
-        ));
-        out.push(obj(
-            "rbac.authorization.k8s.io/v1",
-            "ClusterRoleBinding",
-            meta(&f, role, false),
-            json!({"roleRef": role_ref("ClusterRole", role), "subjects": [subject]}),
+            role,
+            None,
+            &f,
+            &c["rules"],
+            json!([subject]),
         ));
     }
-    out.extend(workload(v, &f));
+    let reader = f["metricsReader"].as_str().unwrap_or_default();
+    out.push(rbac(
+        "ClusterRole",
+        meta(&f, reader, None),
+        json!({"rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]}),
+    ));
+    if non_empty(&v["metrics"]["readerSubjects"]) {
+        out.push(rbac(
+            "ClusterRoleBinding",
+            meta(&f, reader, None),
+            json!({"roleRef": role_ref("ClusterRole", reader), "subjects": v["metrics"]["readerSubjects"]}),
+        ));
+    }
+    out.extend(workload(v, &f, &ns));
+    out.extend(monitors(v, &f, &ns));
+    out.extend(mixin(v, &f, &ns)?);
     Ok(out)
 }
 
-fn manager_rbac(v: &Value, f: &Value, use_sa: bool) -> Vec<Value> {
+fn manager_rbac(v: &Value, f: &Value, use_sa: bool, ns: &Ns) -> Vec<Value> {
     let m = &f["manager"];
     let cluster_role = m["clusterRole"].as_str().unwrap_or_default();
     let role = m["role"].as_str().unwrap_or_default();
@@ -242,45 +429,77 @@ fn manager_rbac(v: &Value, f: &Value, use_sa: bool) -> Vec<Value> {
     if use_sa {
         rules.push(m["tokenRule"].clone());
     }
-    let subject = manager_subject(v, f);
-    vec![
-        obj(
-            "rbac.authorization.k8s.io/v1",
-            "ClusterRole",
-            meta(f, cluster_role, false),
-            json!({"rules": m["clusterRules"]}),
+    let subjects = json!([manager_subject(v, f, ns)]);
+    let mut out = Vec::new();
+    out.extend(bound(
+        "ClusterRole",
+        cluster_role,
+        None,
+        f,
+        &m["clusterRules"],
+        subjects.clone(),
+    ));
+    out.extend(bound(
+        "Role",
+        role,
+        Some(ns.system),
+        f,
+        &json!(rules),
+        subjects.clone(),
+    ));
+    // Delegated authentication reads the client CA and request-header configuration
+    // (the bootstrap Role every kube-apiserver creates), as upstream's manifests bind it.
+    out.push(rbac(
+        "RoleBinding",
+        meta(
+            f,
+            f["authReaderBinding"].as_str().unwrap_or_default(),
+            Some(ns.system),
         ),
-        obj(
-            "rbac.authorization.k8s.io/v1",
-            "ClusterRoleBinding",
-            meta(f, cluster_role, false),
-            json!({"roleRef": role_ref("ClusterRole", cluster_role), "subjects": [subject]}),
-        ),
-        obj(
-            "rbac.authorization.k8s.io/v1",
-            "Role",
-            meta(f, role, true),
-            json!({"rules": rules}),
-        ),
-        obj(
-            "rbac.authorization.k8s.io/v1",
-            "RoleBinding",
-            meta(f, role, true),
-            json!({"roleRef": role_ref("Role", role), "subjects": [subject]}),
-        ),
-        // Delegated authentication reads the client CA and request-header configuration
-        // (the bootstrap Role every kube-apiserver creates), as upstream's manifests bind it.
-        obj(
-            "rbac.authorization.k8s.io/v1",
-            "RoleBinding",
-            meta(f, f["authReaderBinding"].as_str().unwrap_or_default(), true),
-            json!({"roleRef": role_ref("Role", "extension-apiserver-authentication-reader"),
-                   "subjects": [subject]}),
-        ),
-    ]
+        json!({"roleRef": role_ref("Role", "extension-apiserver-authentication-reader"),
+               "subjects": subjects}),
+    ));
+    out
 }
 
-fn args(v: &Value, f: &Value) -> Vec<Value> {
+/// What the provider itself reads and writes, granted only when that provider is rendered.
+fn provider_rbac(v: &Value, f: &Value, ns: &Ns) -> Vec<Value> {
+    let provider = v["provider"].as_str().unwrap_or_default();
+    let p = &f["providerRbac"][provider];
+    let name = format!("ccm-rs:provider-{provider}");
+    let subjects = json!([manager_subject(v, f, ns)]);
+    let mut out = Vec::new();
+    if non_empty(&p["clusterRules"]) {
+        out.extend(bound(
+            "ClusterRole",
+            &name,
+            None,
+            f,
+            &p["clusterRules"],
+            subjects.clone(),
+        ));
+    }
+    let mut rules = list(&p["rules"]);
+    let secrets = &v["metal"]["credentialsSecrets"];
+    if provider == "metal" && non_empty(secrets) {
+        // The BMC credentials, by name: never every Secret of the namespace.
+        rules.push(json!({"apiGroups": [""], "resources": ["secrets"],
+            "resourceNames": secrets, "verbs": ["get"]}));
+    }
+    if !rules.is_empty() {
+        out.extend(bound(
+            "Role",
+            &name,
+            Some(ns.release),
+            f,
+            &json!(rules),
+            subjects,
+        ));
+    }
+    out
+}
+
+fn args(v: &Value, f: &Value, cloud_config: Option<&str>) -> Vec<Value> {
     let mut a = vec![
         json!(format!(
             "--cloud-provider={}",
@@ -299,13 +518,8 @@ fn args(v: &Value, f: &Value) -> Vec<Value> {
             v["staticPodKubeconfig"].as_str().unwrap_or_default()
         )));
     }
-    if v["cloudConfigSecret"]
-        .as_str()
-        .is_some_and(|s| !s.is_empty())
-    {
-        a.push(json!(
-            "--cloud-config=/etc/kubernetes/cloud-config/cloud-config"
-        ));
+    if let Some(path) = cloud_config {
+        a.push(json!(format!("--cloud-config={path}")));
     }
     match v["clusterCIDR"].as_str().unwrap_or_default() {
         "" => a.push(json!("--configure-cloud-routes=false")),
@@ -315,29 +529,64 @@ fn args(v: &Value, f: &Value) -> Vec<Value> {
     a
 }
 
-fn pod_spec(v: &Value, f: &Value) -> Value {
-    let variant = v["variant"].as_str().unwrap_or_default();
-    let mut mounts = vec![json!({"name": "tmp", "mountPath": "/tmp"})];
-    let mut volumes = vec![json!({"name": "tmp", "emptyDir": {}})];
-    if let Some(secret) = v["cloudConfigSecret"].as_str().filter(|s| !s.is_empty()) {
-        mounts.push(json!({"name": "cloud-config", "mountPath": "/etc/kubernetes/cloud-config", "readOnly": true}));
-        volumes.push(json!({"name": "cloud-config", "secret": {"secretName": secret}}));
-    }
-    if variant == "static-pod" {
+fn list(v: &Value) -> Vec<Value> {
+    v.as_array().cloned().unwrap_or_default()
+}
+
+/// The static pod's writable directory on the host (root-owned, as the Pod runs as root).
+const STATIC_POD_TMP: &str = "/var/lib/cloud-controller-manager";
+
+/// The mounts, volumes and `--cloud-config` path of the pod.
+fn volumes(v: &Value, f: &Value) -> (Vec<Value>, Vec<Value>, Option<String>) {
+    let mut mounts = Vec::new();
+    let mut volumes = Vec::new();
+    let mut cloud_config = None;
+    if v["variant"] == "static-pod" {
+        // Host paths only: a kubelet cannot give a static pod a Secret. /tmp holds the
+        // controllers' minted tokens.
+        mounts.push(json!({"name": "tmp", "mountPath": "/tmp"}));
+        volumes.push(json!({"name": "tmp", "hostPath": {"path": STATIC_POD_TMP, "type": "DirectoryOrCreate"}}));
         let path = &v["staticPodKubeconfig"];
         mounts.push(json!({"name": "kubeconfig", "mountPath": path, "readOnly": true}));
         volumes.push(json!({"name": "kubeconfig", "hostPath": {"path": path, "type": "File"}}));
+        if let Some(cfg) = v["staticPodCloudConfig"].as_str().filter(|s| !s.is_empty()) {
+            mounts.push(json!({"name": "cloud-config", "mountPath": cfg, "readOnly": true}));
+            volumes
+                .push(json!({"name": "cloud-config", "hostPath": {"path": cfg, "type": "File"}}));
+            cloud_config = Some(cfg.to_string());
+        }
+    } else {
+        mounts.push(json!({"name": "tmp", "mountPath": "/tmp"}));
+        volumes.push(json!({"name": "tmp", "emptyDir": {}}));
+        let secret = match v["cloudConfig"].as_str().filter(|s| !s.is_empty()) {
+            Some(_) => f["cloudConfigSecret"].as_str(),
+            None => v["cloudConfigSecret"].as_str().filter(|s| !s.is_empty()),
+        };
+        if let Some(secret) = secret {
+            mounts.push(json!({"name": "cloud-config", "mountPath": "/etc/kubernetes/cloud-config", "readOnly": true}));
+            volumes.push(json!({"name": "cloud-config", "secret": {"secretName": secret}}));
+            cloud_config = Some("/etc/kubernetes/cloud-config/cloud-config".into());
+        }
     }
+    mounts.extend(list(&v["extraVolumeMounts"]));
+    volumes.extend(list(&v["extraVolumes"]));
+    (mounts, volumes, cloud_config)
+}
+
+fn pod_spec(v: &Value, f: &Value) -> Value {
+    let variant = v["variant"].as_str().unwrap_or_default();
+    let static_pod = variant == "static-pod";
+    let (mounts, volumes, cloud_config) = volumes(v, f);
     let image = format!(
         "{}:{}",
         v["image"]["repository"].as_str().unwrap_or_default(),
         v["image"]["tag"].as_str().unwrap_or_default()
     );
-    let container = json!({
+    let mut container = json!({
         "name": f["name"],
         "image": image,
         "imagePullPolicy": v["image"]["pullPolicy"],
-        "args": args(v, f),
+        "args": args(v, f, cloud_config.as_deref()),
         "ports": [{"name": "https", "containerPort": f["securePort"], "protocol": "TCP"}],
         "livenessProbe": f["livenessProbe"],
         "readinessProbe": f["readinessProbe"],
@@ -345,19 +594,28 @@ fn pod_spec(v: &Value, f: &Value) -> Value {
         "securityContext": f["securityContext"],
         "volumeMounts": mounts,
     });
+    if non_empty(&v["env"]) {
+        container["env"] = v["env"].clone();
+    }
     let mut spec = json!({
-        "priorityClassName": "system-cluster-critical",
+        "priorityClassName": v["priorityClassName"],
         "hostNetwork": true,
-        "securityContext": f["podSecurityContext"],
+        "dnsPolicy": v["dnsPolicy"],
+        "securityContext": if static_pod { &f["staticPodSecurityContext"] } else { &f["podSecurityContext"] },
         "containers": [container],
         "volumes": volumes,
     });
-    if variant != "static-pod" {
+    if !static_pod {
         spec["serviceAccountName"] = f["name"].clone();
-        spec["nodeSelector"] = f["nodeSelector"].clone();
-        spec["tolerations"] = f["tolerations"].clone();
+        spec["nodeSelector"] = v["nodeSelector"].clone();
+        spec["tolerations"] = v["tolerations"].clone();
+        if non_empty(&v["imagePullSecrets"]) {
+            spec["imagePullSecrets"] = v["imagePullSecrets"].clone();
+        }
     }
-    if variant == "deployment" {
+    if non_empty(&v["affinity"]) && !static_pod {
+        spec["affinity"] = v["affinity"].clone();
+    } else if variant == "deployment" {
         spec["affinity"] = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": f["labels"]}, "topologyKey": "kubernetes.io/hostname"}
         ]}});
@@ -365,37 +623,156 @@ fn pod_spec(v: &Value, f: &Value) -> Value {
     spec
 }
 
-fn workload(v: &Value, f: &Value) -> Vec<Value> {
+/// The pod template's metadata: the fixed labels over the operator's, the operator's
+/// annotations and, for a cloud config from values, its checksum (a change rolls the pods).
+fn pod_meta(v: &Value, f: &Value) -> Value {
+    let mut labels = v["podLabels"].as_object().cloned().unwrap_or_default();
+    labels.extend(f["labels"].as_object().cloned().unwrap_or_default());
+    let mut meta = json!({"labels": labels});
+    let mut annotations = v["podAnnotations"].as_object().cloned().unwrap_or_default();
+    if let Some(cfg) = v["cloudConfig"].as_str().filter(|c| !c.is_empty()) {
+        annotations.insert("checksum/cloud-config".into(), json!(sha256_hex(cfg)));
+    }
+    if !annotations.is_empty() {
+        meta["annotations"] = Value::Object(annotations);
+    }
+    meta
+}
+
+fn sha256_hex(s: &str) -> String {
+    ring::digest::digest(&ring::digest::SHA256, s.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn workload(v: &Value, f: &Value, ns: &Ns) -> Vec<Value> {
     let name = f["name"].as_str().unwrap_or_default();
-    let template = json!({"metadata": {"labels": f["labels"]}, "spec": pod_spec(v, f)});
+    let m = meta(f, name, Some(ns.release));
+    let template = json!({"metadata": pod_meta(v, f), "spec": pod_spec(v, f)});
     let selector = json!({"matchLabels": f["labels"]});
     match v["variant"].as_str().unwrap_or_default() {
         "daemonset" => vec![obj(
             "apps/v1",
             "DaemonSet",
-            meta(f, name, true),
+            m,
             json!({"spec": {"selector": selector, "template": template,
-                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}}}),
+                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}}}),
         )],
-        "static-pod" => vec![obj(
-            "v1",
-            "Pod",
-            meta(f, name, true),
-            json!({"spec": pod_spec(v, f)}),
-        )],
-        _ => vec![
-            obj(
+        "static-pod" => {
+            let mut meta = m;
+            if let Some(Value::Object(a)) = template["metadata"].get("annotations") {
+                meta["annotations"] = Value::Object(a.clone());
+            }
+            for (k, l) in template["metadata"]["labels"]
+                .as_object()
+                .into_iter()
+                .flatten()
+            {
+                meta["labels"][k] = l.clone();
+            }
+            vec![obj("v1", "Pod", meta, json!({"spec": pod_spec(v, f)}))]
+        }
+        _ => {
+            // hostNetwork (port 10258) and hostname anti-affinity: a surge pod has no node
+            // to go to, so updates replace one pod at a time.
+            let strategy = json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}});
+            let mut out = vec![obj(
                 "apps/v1",
                 "Deployment",
-                meta(f, name, true),
-                json!({"spec": {"replicas": v["replicas"], "selector": selector, "template": template}}),
-            ),
-            obj(
-                "policy/v1",
-                "PodDisruptionBudget",
-                meta(f, name, true),
-                json!({"spec": {"minAvailable": 1, "selector": selector}}),
-            ),
-        ],
+                m.clone(),
+                json!({"spec": {"replicas": v["replicas"], "strategy": strategy, "selector": selector, "template": template}}),
+            )];
+            // One replica: a PodDisruptionBudget could only block every drain.
+            if v["replicas"].as_u64().unwrap_or(1) > 1 {
+                out.push(obj(
+                    "policy/v1",
+                    "PodDisruptionBudget",
+                    m,
+                    json!({"spec": {"maxUnavailable": 1, "selector": selector}}),
+                ));
+            }
+            out
+        }
     }
+}
+
+/// Prometheus Operator objects; the endpoint's TLS and authorization come from values.
+fn monitors(v: &Value, f: &Value, ns: &Ns) -> Vec<Value> {
+    let name = f["name"].as_str().unwrap_or_default();
+    let m = meta(f, name, Some(ns.release));
+    let selector = json!({"matchLabels": f["labels"]});
+    let endpoint = |interval: &Value| {
+        let mut e = v["metrics"]["endpoint"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        e.extend(
+            json!({"port": "https", "scheme": "https", "path": "/metrics", "interval": interval})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        );
+        Value::Object(e)
+    };
+    let mut out = Vec::new();
+    let sm = &v["metrics"]["serviceMonitor"];
+    if sm["enabled"] == json!(true) {
+        out.push(obj("v1", "Service", m.clone(), json!({"spec": {"clusterIP": "None", "selector": f["labels"],
+            "ports": [{"name": "https", "port": f["securePort"], "targetPort": "https", "protocol": "TCP"}]}})));
+        out.push(obj(
+            "monitoring.coreos.com/v1",
+            "ServiceMonitor",
+            m.clone(),
+            json!({"spec": {
+            "selector": selector, "namespaceSelector": {"matchNames": [ns.release]},
+            "endpoints": [endpoint(&sm["interval"])]}}),
+        ));
+    }
+    let pm = &v["metrics"]["podMonitor"];
+    if pm["enabled"] == json!(true) {
+        out.push(obj(
+            "monitoring.coreos.com/v1",
+            "PodMonitor",
+            m,
+            json!({"spec": {
+            "selector": selector, "namespaceSelector": {"matchNames": [ns.release]},
+            "podMetricsEndpoints": [endpoint(&pm["interval"])]}}),
+        ));
+    }
+    out
+}
+
+/// `labels` over the fixed ones, the fixed ones winning (as Helm's `merge`).
+fn labels_with(f: &Value, extra: &Value) -> Value {
+    let mut l = extra.as_object().cloned().unwrap_or_default();
+    l.extend(f["labels"].as_object().cloned().unwrap_or_default());
+    Value::Object(l)
+}
+
+/// The monitoring mixin: a PrometheusRule and the dashboard ConfigMap, when enabled.
+fn mixin(v: &Value, f: &Value, ns: &Ns) -> anyhow::Result<Vec<Value>> {
+    let m = &v["monitoring"];
+    let mut out = Vec::new();
+    if m["prometheusRule"]["enabled"] == json!(true) {
+        let rules: Value = serde_yaml_ng::from_str(MONITORING_RULES).context("rules.yaml")?;
+        out.push(obj(
+            "monitoring.coreos.com/v1",
+            "PrometheusRule",
+            json!({"name": f["name"], "namespace": ns.release,
+                "labels": labels_with(f, &m["prometheusRule"]["labels"])}),
+            json!({"spec": rules}),
+        ));
+    }
+    if m["dashboards"]["enabled"] == json!(true) {
+        out.push(obj(
+            "v1",
+            "ConfigMap",
+            json!({"name": f["dashboardsConfigMap"], "namespace": ns.release,
+                "labels": labels_with(f, &m["dashboards"]["labels"])}),
+            json!({"data": {"ccm-rs.json": DASHBOARD_JSON}}),
+        ));
+    }
+    Ok(out)
 }

@@ -312,7 +312,7 @@ async fn doctor_diagnoses_a_broken_cluster_read_only_then_passes_as_a_kubectl_pl
             .arg(format!("--kubeconfig={}", kc.display()))
             .env("PATH", path)
             .output()
-            .expect("kubectl (install it: .ci/run)")
+            .expect("kubectl (install it: .ci/test)")
     })
     .await
     .expect("join");
@@ -342,8 +342,48 @@ async fn doctor_diagnoses_a_broken_cluster_read_only_then_passes_as_a_kubectl_pl
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A running `ccm demo --break`, killed on drop: what it printed until it was ready, and its
+/// later lines.
+struct BrokenDemo {
+    child: std::process::Child,
+    printed: String,
+    later: std::sync::mpsc::Receiver<String>,
+}
+
+impl BrokenDemo {
+    /// The `--metrics-ca FILE` of the doctor command the demo printed.
+    fn metrics_ca(&self) -> String {
+        self.printed
+            .split_whitespace()
+            .skip_while(|w| *w != "--metrics-ca")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no --metrics-ca in:\n{}", self.printed))
+            .to_string()
+    }
+
+    fn metrics_ca_or_none(&self) -> String {
+        if self.printed.contains("--metrics-ca") {
+            self.metrics_ca()
+        } else {
+            String::new()
+        }
+    }
+
+    /// Lines printed since it was ready.
+    fn later_lines(&self) -> Vec<String> {
+        self.later.try_iter().collect()
+    }
+}
+
+impl Drop for BrokenDemo {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Starts `ccm demo --break <scenario>` and returns it once it prints the doctor command.
-fn broken_demo(scenario: &str, kubeconfig: &Path) -> std::process::Child {
+fn broken_demo(scenario: &str, kubeconfig: &Path) -> BrokenDemo {
     use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_ccm"))
         .args([
@@ -366,10 +406,19 @@ fn broken_demo(scenario: &str, kubeconfig: &Path) -> std::process::Child {
     while let Some(Ok(line)) = lines.next() {
         seen.push_str(&line);
         seen.push('\n');
-        if line.contains("ccm doctor --kubeconfig") {
+        if line.contains("Still running") {
             // Keep reading, so the demo never writes into a closed pipe.
-            std::thread::spawn(move || lines.for_each(drop));
-            return child;
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for line in lines.map_while(Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+            return BrokenDemo {
+                child,
+                printed: seen,
+                later: rx,
+            };
         }
     }
     let _ = child.kill();
@@ -377,47 +426,160 @@ fn broken_demo(scenario: &str, kubeconfig: &Path) -> std::process::Child {
     panic!("demo --break {scenario} ended before it was ready:\n{seen}");
 }
 
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// Doctor sends the kubeconfig's token only to an endpoint whose certificate it verified: the
+/// server on the CCM pod's declared port (`--break token-probe`) presents a certificate from
+/// no trusted CA, so it gets one anonymous request and no credential. The route check says
+/// why it could not read the metrics and how to let doctor verify the CCM.
+#[test]
+fn doctor_never_sends_a_credential_to_an_unverified_metrics_endpoint() {
+    let dir = std::env::temp_dir().join(format!("ccm-doctor-probe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let kubeconfig = dir.join("kubeconfig");
+    let demo = broken_demo("token-probe", &kubeconfig);
+    assert!(
+        demo.printed.contains("token-probe: listening on"),
+        "{}",
+        demo.printed
+    );
+    let out = doctor(&kubeconfig, &["-o", "json"]);
+    let (report, f) = findings(&out);
+    assert_eq!(f["ccm-pods"]["verdict"], "ok", "{report:#}");
+    assert_eq!(
+        f["route-syncs"]["verdict"], "warn",
+        "{:#}",
+        f["route-syncs"]
+    );
+    let route = text(&f["route-syncs"]);
+    assert!(
+        route.contains("serving certificate not verified"),
+        "{route}"
+    );
+    assert!(route.contains("sent no credentials"), "{route}");
+    assert!(route.contains("--metrics-ca"), "{route}");
+    // Let the probe's lines arrive, then read what it saw.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let seen: Vec<String> = demo
+        .later_lines()
+        .into_iter()
+        .filter(|l| l.starts_with("token-probe: request"))
+        .collect();
+    assert!(
+        seen.iter().any(|l| l.contains("\"ccm-doctor\"")),
+        "doctor never reached the probe: {seen:?}"
+    );
+    assert!(
+        seen.iter().all(|l| l.contains("without credentials")),
+        "doctor sent a credential to an unverified endpoint: {seen:?}"
+    );
+    drop(demo);
+    let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// (scenario, exit status, the failing checks, a check and what it must say)
+type Case = (
+    &'static str,
+    i32,
+    &'static [&'static str],
+    (&'static str, &'static str),
+);
 
 #[test]
 fn demo_break_scenarios_are_what_doctor_reports() {
     let dir = std::env::temp_dir().join(format!("ccm-doctor-break-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    for (scenario, failing) in [
+    let cases: &[Case] = &[
         (
             "ccm-down",
+            2,
             &[
                 "uninitialized-taint",
                 "ccm-pods",
                 "leader-election",
                 "lb-pending",
-            ][..],
+            ],
+            ("ccm-pods", "deploy the cloud-controller-manager"),
         ),
         (
             "ccm-untolerated",
+            2,
             &[
                 "uninitialized-taint",
                 "network-deadlock",
                 "ccm-pods",
+                "ccm-workload",
                 "leader-election",
                 "lb-pending",
-            ][..],
+            ],
+            ("ccm-workload", "does not tolerate"),
         ),
-        ("kubelet-not-external", &["kubelet-cloud-provider"][..]),
-    ] {
+        (
+            "kubelet-not-external",
+            2,
+            &["kubelet-cloud-provider"],
+            ("kubelet-cloud-provider", "kubelet on node node-00004"),
+        ),
+        (
+            "kcm-cloud-loops",
+            2,
+            &["kcm-cloud-provider"],
+            (
+                "kcm-cloud-provider",
+                "refuses --cloud-provider=aws since 1.29",
+            ),
+        ),
+        (
+            "daemonset-no-match",
+            2,
+            &[
+                "uninitialized-taint",
+                "ccm-pods",
+                "ccm-workload",
+                "leader-election",
+                "lb-pending",
+            ],
+            (
+                "ccm-workload",
+                r#"matches none of the 4 nodes (the nodes carry node-role.kubernetes.io/control-plane=\"true\")"#,
+            ),
+        ),
+        (
+            "untolerated-but-running",
+            1,
+            &[],
+            ("ccm-workload", "no hostNetwork — works now, breaks when"),
+        ),
+        (
+            "kcm-crashloop",
+            2,
+            &["kcm-cloud-provider"],
+            ("kcm-cloud-provider", "crash-looping"),
+        ),
+    ];
+    // The demos start together (each is a few seconds of setup), doctor reads each in turn.
+    let demos: Vec<BrokenDemo> = std::thread::scope(|s| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|(scenario, ..)| {
+                let kubeconfig = dir.join(format!("{scenario}.kubeconfig"));
+                s.spawn(move || broken_demo(scenario, &kubeconfig))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("demo"))
+            .collect()
+    });
+    for ((scenario, code, failing, (check, says)), demo) in cases.iter().zip(&demos) {
         let kubeconfig = dir.join(format!("{scenario}.kubeconfig"));
-        let _demo = Killed(broken_demo(scenario, &kubeconfig));
-        let out = doctor(&kubeconfig, &["-o", "json", "--grace=0s"]);
+        let ca = format!("--metrics-ca={}", demo.metrics_ca_or_none());
+        let mut args = vec!["-o", "json", "--grace=0s"];
+        if demo.printed.contains("--metrics-ca") {
+            args.push(&ca);
+        }
+        let out = doctor(&kubeconfig, &args);
         let (report, f) = findings(&out);
-        assert_eq!(out.status.code(), Some(2), "{scenario}: {report:#}");
-        for id in failing {
+        assert_eq!(out.status.code(), Some(*code), "{scenario}: {report:#}");
+        for id in *failing {
             assert_eq!(f[*id]["verdict"], "fail", "{scenario}: {id}: {:#}", f[*id]);
         }
         let failed: Vec<&String> = f.keys().filter(|k| f[*k]["verdict"] == "fail").collect();
@@ -426,22 +588,43 @@ fn demo_break_scenarios_are_what_doctor_reports() {
             failing.len(),
             "{scenario}: unexpected failures {failed:?}"
         );
-        if scenario == "kubelet-not-external" {
-            // The demo's CCM really runs: its pod and Lease line up.
-            assert_eq!(f["ccm-pods"]["verdict"], "ok", "{:#}", f["ccm-pods"]);
+        assert!(
+            text(&f[*check]).contains(says),
+            "{scenario}: {check} does not say {says:?}: {:#}",
+            f[*check]
+        );
+        assert!(
+            !report["seen"]["server_version"]
+                .as_str()
+                .unwrap_or_default()
+                .is_empty(),
+            "{report:#}"
+        );
+        if demo.printed.contains("--metrics-ca") && *scenario != "token-probe" {
+            // The demo's CCM really runs: its pod and Lease line up, and its metrics are read
+            // over HTTPS with the kubeconfig's token after verifying its serving certificate
+            // (TokenReview and SubjectAccessReview by the CCM): watch-mode route syncs, a ✅.
+            assert_eq!(
+                f["ccm-pods"]["verdict"], "ok",
+                "{scenario}: {:#}",
+                f["ccm-pods"]
+            );
             assert_eq!(
                 f["leader-election"]["verdict"], "ok",
-                "{:#}",
+                "{scenario}: {:#}",
                 f["leader-election"]
             );
-            assert!(text(&f["kubelet-cloud-provider"]).contains("kubelet on node node-00004"));
-            // The real CCM's metrics, over HTTPS with the kubeconfig's token (TokenReview and
-            // SubjectAccessReview by the CCM): watch-mode route syncs, a ✅.
-            assert_eq!(f["route-syncs"]["verdict"], "ok", "{:#}", f["route-syncs"]);
+            assert_eq!(
+                f["route-syncs"]["verdict"], "ok",
+                "{scenario}: {:#}",
+                f["route-syncs"]
+            );
             let route = text(&f["route-syncs"]);
             assert!(route.contains("read https://127.0.0.1:"), "{route}");
+            assert!(!route.contains("anonymously"), "{route}");
             assert!(route.contains("route syncs in"), "{route}");
         }
     }
+    drop(demos);
     let _ = std::fs::remove_dir_all(&dir);
 }

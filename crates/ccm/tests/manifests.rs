@@ -3,7 +3,7 @@
 //! Helm chart (rendered by a real Helm engine) agreeing with `ccm manifests` object by object.
 //!
 //! These tests fail (never skip) when kubectl, kubernetes-validate or the Helm engine is
-//! missing: `.ci/run` installs them (`.ci/setup.d/50-deploy.sh`).
+//! missing: `.ci/test` installs them (`.ci/setup.d/50-deploy.sh`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -20,7 +20,7 @@ fn workspace() -> PathBuf {
         .expect("workspace root")
 }
 
-/// A tool on PATH, else in the workspace's `.venv/bin` (where `.ci/run` installs it).
+/// A tool on PATH, else in the workspace's `.venv/bin` (where `.ci/test` installs it).
 fn tool(name: &str) -> PathBuf {
     let venv = workspace().join(".venv/bin");
     std::env::var_os("PATH")
@@ -31,7 +31,7 @@ fn tool(name: &str) -> PathBuf {
         .map(|d| d.join(name))
         .find(|p| p.is_file())
         .unwrap_or_else(|| {
-            panic!("{name} not found on PATH or in .venv/bin: run .ci/run (or .ci/setup.d/50-deploy.sh) to install it")
+            panic!("{name} not found on PATH or in .venv/bin: run .ci/test (or .ci/setup.d/50-deploy.sh) to install it")
         })
 }
 
@@ -91,16 +91,11 @@ async fn kubectl_server_dry_run_accepts_every_variant_and_stores_nothing() {
         .expect("kubeconfig");
     for variant in VARIANTS {
         let file = dir.join(format!("{variant}.yaml"));
-        std::fs::write(
-            &file,
-            ccm_manifests(&[
-                "--variant",
-                variant,
-                "--cloud-config-secret=cloud-config",
-                "--cluster-cidr=10.128.0.0/9",
-            ]),
-        )
-        .expect("write");
+        let mut args = vec!["--variant", variant, "--cluster-cidr=10.128.0.0/9"];
+        if *variant != "static-pod" {
+            args.push("--cloud-config-secret=cloud-config");
+        }
+        std::fs::write(&file, ccm_manifests(&args)).expect("write");
         let before = sim.resource_version();
         let out = kubectl(
             &dir,
@@ -220,7 +215,11 @@ fn every_variant_validates_against_the_kubernetes_1_36_schemas() {
         ] {
             let file = dir.join(format!("{variant}-{}.yaml", extra.len()));
             let mut args = vec!["--variant", variant];
-            args.extend_from_slice(extra);
+            args.extend(
+                extra
+                    .iter()
+                    .filter(|a| *variant != "static-pod" || !a.starts_with("--cloud-config")),
+            );
             let yaml = ccm_manifests(&args);
             objects += docs(&yaml).len();
             std::fs::write(&file, yaml).expect("write");
@@ -318,13 +317,17 @@ async fn helm_chart_renders_what_ccm_manifests_prints() {
             .to_vec(),
         ),
         (
-            serde_json::json!({"variant": "static-pod", "replicas": 3}),
-            vec!["--variant=static-pod".into(), "--replicas=3".into()],
-        ),
-        (
             serde_json::json!({"replicas": 3, "useServiceAccountCredentials": false,
                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}),
             // Values only a values file carries: `ccm manifests -f` reads the chart's format.
+            vec!["--values".into(), "VALUES_FILE".into()],
+        ),
+        (
+            fitted_values(),
+            vec!["--values".into(), "VALUES_FILE".into()],
+        ),
+        (
+            serde_json::json!({"provider": "metal", "metal": {"credentialsSecrets": ["bmc-rack1"]}}),
             vec!["--values".into(), "VALUES_FILE".into()],
         ),
     ];
@@ -401,5 +404,424 @@ async fn helm_chart_renders_what_ccm_manifests_prints() {
             .unwrap_or_else(|e| panic!("helm did not create {workload}: {e}"));
         sim.shutdown().await;
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Values that fit the chart to a particular cluster, as the charts of cloud-provider-aws,
+/// hcloud and openstack expose them.
+fn fitted_values() -> Value {
+    serde_json::json!({
+        "replicas": 2,
+        "provider": "aws",
+        "nodeSelector": {"node-role.kubernetes.io/control-plane": "true"},
+        "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+        "env": [
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "10.0.0.10"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"},
+            {"name": "AWS_REGION", "valueFrom": {"configMapKeyRef": {"name": "aws", "key": "region"}}}
+        ],
+        "imagePullSecrets": [{"name": "regcred"}],
+        "podAnnotations": {"example.com/team": "platform"},
+        "podLabels": {"team": "platform"},
+        "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/ccm"}},
+        "extraVolumes": [{"name": "ca", "hostPath": {"path": "/etc/pki", "type": "Directory"}}],
+        "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/pki", "readOnly": true}],
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "priorityClassName": "system-node-critical",
+        "cloudConfig": "[Global]\nZone = us-east-1a\n",
+        "metrics": {"readerSubjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}]},
+        // The dashboard ConfigMap through the real Helm engine (a PrometheusRule needs the
+        // Prometheus Operator's CRD, which kube-sim does not serve).
+        "monitoring": {"dashboards": {"enabled": true}}
+    })
+}
+
+fn one<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind}"))
+}
+
+fn ccm_manifests_err(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .arg("manifests")
+        .args(args)
+        .output()
+        .expect("ccm manifests");
+    assert!(!out.status.success(), "ccm manifests {args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+/// Hostname anti-affinity and the host network's port: no node can take a surge pod, so a
+/// rolling update with a surge waits forever. The rendered Deployment must replace pods in
+/// place, and a PodDisruptionBudget must leave a drain something to evict.
+#[test]
+fn upgrades_never_wait_for_a_surge_pod_and_drains_are_never_blocked() {
+    for replicas in ["1", "2", "3"] {
+        let objects = docs(&ccm_manifests(&[&format!("--replicas={replicas}")]));
+        let d = one(&objects, "Deployment");
+        let spec = &d["spec"]["template"]["spec"];
+        let hostname_anti_affinity =
+            spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                .as_array()
+                .is_some_and(|t| {
+                    t.iter()
+                        .any(|t| t["topologyKey"] == "kubernetes.io/hostname")
+                });
+        assert!(spec["hostNetwork"] == true && hostname_anti_affinity);
+        let strategy = &d["spec"]["strategy"];
+        assert!(
+            strategy["type"] == "Recreate"
+                || (strategy["rollingUpdate"]["maxSurge"] == 0
+                    && strategy["rollingUpdate"]["maxUnavailable"].as_u64() >= Some(1)),
+            "replicas {replicas}: a surge pod could never schedule: {strategy}"
+        );
+        let pdb = objects.iter().find(|o| o["kind"] == "PodDisruptionBudget");
+        let n: u64 = replicas.parse().expect("n");
+        match pdb {
+            None => assert_eq!(n, 1, "replicas {replicas}: no PodDisruptionBudget"),
+            Some(p) => {
+                assert!(
+                    n > 1,
+                    "a PodDisruptionBudget on one replica blocks every drain"
+                );
+                let allows = p["spec"]["maxUnavailable"].as_u64().unwrap_or(0) >= 1
+                    || p["spec"]["minAvailable"].as_u64().is_some_and(|m| m < n);
+                assert!(allows, "replicas {replicas}: {p}");
+            }
+        }
+    }
+    let ds = docs(&ccm_manifests(&["--variant=daemonset"]));
+    let u = &one(&ds, "DaemonSet")["spec"]["updateStrategy"]["rollingUpdate"];
+    assert_eq!(u["maxSurge"], 0, "{u}");
+    assert!(!ds.iter().any(|o| o["kind"] == "PodDisruptionBudget"));
+}
+
+/// The static pod is exactly one Pod document a kubelet reads from its manifest directory:
+/// no ServiceAccount, no Secret or other API object, host paths only, running as the owner of
+/// kubeadm's root-owned 0600 kubeconfig. Its RBAC is a second stream for `kubectl apply`, and
+/// Helm refuses the variant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_static_pod_is_one_pod_a_kubelet_starts() {
+    let text = ccm_manifests(&["--variant=static-pod", "--cluster-cidr=10.0.0.0/8"]);
+    assert!(!text.contains("\n---"), "more than one document:\n{text}");
+    let pod: Value = serde_yaml_ng::from_str(&text).expect("one YAML document");
+    assert_eq!(
+        (pod["apiVersion"].as_str(), pod["kind"].as_str()),
+        (Some("v1"), Some("Pod"))
+    );
+    assert_eq!(pod["metadata"]["namespace"], "kube-system");
+    let spec = &pod["spec"];
+    for field in [
+        "serviceAccountName",
+        "serviceAccount",
+        "imagePullSecrets",
+        "nodeName",
+    ] {
+        assert!(spec[field].is_null(), "a static pod cannot have {field}");
+    }
+    for vol in spec["volumes"].as_array().expect("volumes") {
+        let kinds: Vec<&String> = vol
+            .as_object()
+            .expect("volume")
+            .keys()
+            .filter(|k| *k != "name")
+            .collect();
+        assert_eq!(kinds, ["hostPath"], "not a host path: {vol}");
+    }
+    let args: Vec<&str> = spec["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let kubeconfig = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--kubeconfig="))
+        .expect("--kubeconfig");
+    assert!(
+        spec["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .any(|v| v["hostPath"]["path"] == kubeconfig),
+        "the kubeconfig is not mounted from the host"
+    );
+    // kubeadm writes its kubeconfigs root:root 0600: only uid 0 reads them.
+    let ctx = &spec["securityContext"];
+    assert_eq!(ctx["runAsUser"], 0, "{ctx}");
+    assert_ne!(ctx["runAsNonRoot"], true, "{ctx}");
+    assert_eq!(
+        spec["containers"][0]["securityContext"]["capabilities"]["drop"][0],
+        "ALL"
+    );
+    assert_eq!(spec["hostNetwork"], true);
+
+    let dir = tempdir("static");
+    let file = dir.join("cloud-controller-manager.yaml");
+    std::fs::write(&file, &text).expect("write");
+    let out = Command::new(tool("kubernetes-validate"))
+        .args(["--strict", "--kubernetes-version", "1.36.0"])
+        .arg(&file)
+        .output()
+        .expect("kubernetes-validate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    let rbac = docs(&ccm_manifests(&["--variant=static-pod", "--rbac"]));
+    assert!(!rbac.is_empty());
+    assert!(rbac.iter().all(|o| o["kind"] != "Pod"));
+    assert!(
+        rbac.iter()
+            .filter(|o| o["kind"] == "ClusterRoleBinding"
+                && o["metadata"]["name"] == "ccm-rs:cloud-controller-manager")
+            .all(|b| b["subjects"][0]["kind"] == "User")
+    );
+
+    let err = ccm_manifests_err(&["--variant=static-pod", "--cloud-config-secret=c"]);
+    assert!(err.contains("cannot mount a Secret"), "{err}");
+
+    let sim = KubeSim::start(Config {
+        tls: true,
+        ..Config::default()
+    })
+    .await
+    .expect("kube-sim");
+    let kubeconfig = dir.join("kubeconfig");
+    sim.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let out = helm_install(
+        &kubeconfig,
+        "static",
+        &serde_json::json!({"variant": "static-pod"}),
+        "kube-system",
+        None,
+    )
+    .await;
+    assert!(!out.status.success(), "helm installed a static pod");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ccm manifests --variant static-pod"), "{err}");
+    sim.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn helm_install(
+    kubeconfig: &Path,
+    name: &str,
+    values: &Value,
+    namespace: &str,
+    upgrade: Option<&Value>,
+) -> std::process::Output {
+    let mut cmd = tokio::process::Command::new(tool("helm-python"));
+    cmd.arg(workspace().join("deploy/helm/helm.py"))
+        .arg("install")
+        .arg(workspace().join("deploy/helm/ccm-rs"))
+        .arg(kubeconfig)
+        .arg(name)
+        .arg(values.to_string())
+        .arg(namespace)
+        .env("HELM_DRIVER", "memory");
+    if let Some(u) = upgrade {
+        cmd.arg(u.to_string());
+    }
+    cmd.output().await.expect("helm-python")
+}
+
+/// A misspelt value, an unknown provider or variant: an error naming it, from `ccm manifests`
+/// and from Helm (values.schema.json), never a silent default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_providers_variants_and_values_are_errors() {
+    let err = ccm_manifests_err(&["--provider=bogus"]);
+    assert!(
+        err.contains("provider \"bogus\"") && err.contains("sim, aws, metal"),
+        "{err}"
+    );
+    let err = ccm_manifests_err(&["--variant=bogus"]);
+    assert!(err.contains("bogus"), "{err}");
+    let dir = tempdir("unknown");
+    let file = dir.join("values.yaml");
+    std::fs::write(&file, "nodeSelectr:\n  x: y\n").expect("write");
+    let err = ccm_manifests_err(&["--values", file.to_str().expect("path")]);
+    assert!(err.contains("unknown key \"nodeSelectr\""), "{err}");
+    std::fs::write(&file, "metrics:\n  serviceMonitor:\n    enabld: true\n").expect("write");
+    let err = ccm_manifests_err(&["--values", file.to_str().expect("path")]);
+    assert!(err.contains("metrics.serviceMonitor.enabld"), "{err}");
+
+    let sim = KubeSim::start(Config {
+        tls: true,
+        ..Config::default()
+    })
+    .await
+    .expect("kube-sim");
+    let kubeconfig = dir.join("kubeconfig");
+    sim.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    for (i, values) in [
+        serde_json::json!({"provider": "bogus"}),
+        serde_json::json!({"variant": "bogus"}),
+        serde_json::json!({"nodeSelectr": {"x": "y"}}),
+        serde_json::json!({"metrics": {"serviceMonitor": {"enabld": true}}}),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let out = helm_install(
+            &kubeconfig,
+            &format!("bad-{i}"),
+            values,
+            "kube-system",
+            None,
+        )
+        .await;
+        assert!(!out.status.success(), "helm accepted {values}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("schema") || err.contains("bogus"),
+            "{values}: {err}"
+        );
+    }
+    sim.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `helm install -n X`: the CCM's ServiceAccount, workload and Secret go to X; its Lease's and
+/// the controllers' token grants stay where the CCM uses them (kube-system). An upgrade
+/// renders the same way and keeps the in-place update strategy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_release_namespace_is_honoured_and_an_upgrade_renders_the_same() {
+    let dir = tempdir("namespace");
+    let sim = KubeSim::start(Config {
+        tls: true,
+        ..Config::default()
+    })
+    .await
+    .expect("kube-sim");
+    let kubeconfig = dir.join("kubeconfig");
+    sim.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "cloud"}})).expect("ns");
+    kube::Api::all(sim.client().expect("client"))
+        .create(&Default::default(), &ns)
+        .await
+        .expect("namespace");
+    let values = serde_json::json!({"cloudConfig": "a = 1\n"});
+    let upgrade = serde_json::json!({"cloudConfig": "a = 2\n", "image": {"repository": "ghcr.io/ccm-rs/ccm", "tag": "0.2.0"}});
+    let out = helm_install(&kubeconfig, "ccm", &values, "cloud", Some(&upgrade)).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs = by_key(docs(&String::from_utf8_lossy(&out.stdout)));
+    let file = dir.join("values.json");
+    std::fs::write(&file, upgrade.to_string()).expect("write");
+    let ours = by_key(docs(&ccm_manifests(&[
+        "-n",
+        "cloud",
+        "--values",
+        file.to_str().expect("path"),
+    ])));
+    assert_eq!(theirs, ours);
+    for (k, o) in &ours {
+        let ns = o["metadata"]["namespace"].as_str();
+        let expected = match k.as_str() {
+            k if k.starts_with("Role")
+                || k.starts_with("ServiceAccount/")
+                    && !k.ends_with("/cloud-controller-manager") =>
+            {
+                Some("kube-system")
+            }
+            k if k.starts_with("Cluster") => None,
+            _ => Some("cloud"),
+        };
+        assert_eq!(ns, expected, "{k}");
+    }
+    let d = &ours["Deployment/cloud-controller-manager"];
+    assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxSurge"], 0);
+    let sum = &d["spec"]["template"]["metadata"]["annotations"]["checksum/cloud-config"];
+    assert_eq!(sum.as_str().map(str::len), Some(64), "{sum}");
+    let before = by_key(docs(&ccm_manifests(&["-n", "cloud", "--values", {
+        std::fs::write(&file, values.to_string()).expect("write");
+        file.to_str().expect("path")
+    }])));
+    assert_ne!(
+        &before["Deployment/cloud-controller-manager"]["spec"]["template"]["metadata"]["annotations"]
+            ["checksum/cloud-config"],
+        sum,
+        "a changed cloud config must roll the pods"
+    );
+    sim.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The RBAC objects, keyed by kind and name.
+fn rbac_of(args: &[&str]) -> std::collections::BTreeMap<String, Value> {
+    by_key(docs(&ccm_manifests(args)))
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("Role") || k.starts_with("ClusterRole"))
+        .collect()
+}
+
+/// A provider's own API calls are granted only with that provider. The AWS provider makes
+/// none (it talks to AWS only), so its grants are sim's; the metal provider patches Services
+/// (kube-vip's annotation), lists Services and Nodes (already the manager's: its informers),
+/// and reads the BMC credential Secrets the cloud config names, and nothing else.
+#[test]
+fn provider_grants_follow_the_provider() {
+    let sim = rbac_of(&["--provider=sim"]);
+    assert_eq!(
+        rbac_of(&["--provider=aws"]),
+        sim,
+        "aws grants differ from sim's"
+    );
+    let metal = rbac_of(&["--provider=metal"]);
+    let extra: Vec<&String> = metal.keys().filter(|k| !sim.contains_key(*k)).collect();
+    assert_eq!(
+        extra,
+        [
+            "ClusterRole/ccm-rs:provider-metal",
+            "ClusterRoleBinding/ccm-rs:provider-metal"
+        ]
+    );
+    assert_eq!(
+        metal["ClusterRole/ccm-rs:provider-metal"]["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["services"], "verbs": ["patch"]}])
+    );
+    assert_eq!(
+        metal["ClusterRoleBinding/ccm-rs:provider-metal"]["subjects"],
+        serde_json::json!([{"kind": "ServiceAccount", "name": "cloud-controller-manager", "namespace": "kube-system"}])
+    );
+    for (k, o) in &sim {
+        assert_eq!(&metal[k], o, "{k}");
+    }
+    // list/watch nodes and services: the manager's own grant, which the provider shares.
+    let manager = &sim["ClusterRole/ccm-rs:cloud-controller-manager"]["rules"][0];
+    assert_eq!(
+        manager["resources"],
+        serde_json::json!(["nodes", "services"])
+    );
+    assert_eq!(manager["verbs"], serde_json::json!(["list", "watch"]));
+
+    let dir = tempdir("metal");
+    let file = dir.join("values.yaml");
+    std::fs::write(
+        &file,
+        "provider: metal\nmetal:\n  credentialsSecrets: [bmc-rack1, bmc-rack2]\n",
+    )
+    .expect("write");
+    let with_secrets = rbac_of(&["--values", file.to_str().expect("path")]);
+    assert_eq!(
+        with_secrets["Role/ccm-rs:provider-metal"]["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["secrets"],
+            "resourceNames": ["bmc-rack1", "bmc-rack2"], "verbs": ["get"]}])
+    );
+    std::fs::write(
+        &file,
+        "provider: sim\nmetal:\n  credentialsSecrets: [bmc-rack1]\n",
+    )
+    .expect("write");
+    assert_eq!(rbac_of(&["--values", file.to_str().expect("path")]), sim);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -380,6 +380,22 @@ pub static RESOURCES: &[ResourceDesc] = &[
         patch_lists: &[("status.conditions", ListStrategy::MergeByKey("type"))],
         categories: NO,
     },
+    // Stored only (as Deployments): `ccm doctor` reads a Deployment's ReplicaSets to tell a
+    // stuck rollout from a running one.
+    ResourceDesc {
+        group: "apps",
+        version: "v1",
+        plural: "replicasets",
+        singular: "replicaset",
+        kind: "ReplicaSet",
+        namespaced: true,
+        short_names: &["rs"],
+        status_subresource: true,
+        has_spec: true,
+        fields: NO,
+        patch_lists: POD_TEMPLATE_LISTS,
+        categories: &["all"],
+    },
 ];
 
 /// Strategic-merge keys of a pod template (`spec.template.spec`), as in `core/v1` PodSpec.

@@ -1,8 +1,15 @@
 //! Reading the CCM's `/metrics` the way Prometheus does: over HTTPS, with the kubeconfig's
-//! credentials (the CCM authorizes `/metrics` by delegating to the API server). The serving
-//! certificate is usually self-signed (upstream generates one when no `--tls-cert-file` is
-//! given), so when verification against the kubeconfig's CA fails doctor retries without it and
-//! says so in its output. Nothing here ever fails doctor: an unreachable endpoint is a finding.
+//! credentials (the CCM authorizes `/metrics` by delegating to the API server).
+//!
+//! Credentials go only to a verified endpoint: the serving certificate must chain to the
+//! kubeconfig's CA or to a CA passed with `--metrics-ca`. Whatever listens on the pod's IP and
+//! port may not be the CCM (the pod is gone and another hostNetwork process took the port, a
+//! rogue pod answers on it), and a bearer token sent there is the operator's token lost. When
+//! verification fails, doctor makes one more attempt without any credential (no token, no
+//! client certificate, no exec plugin) and without verification: a CCM that allows `/metrics`
+//! anonymously (`--authorization-always-allow-paths`) still answers; one that does not answers
+//! 401/403, and the finding says how to let doctor verify it. Nothing here ever fails doctor:
+//! an unreachable endpoint is a finding.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -25,7 +32,8 @@ pub enum MetricsProbe {
         url: String,
         /// The families doctor uses.
         sample: MetricsSample,
-        /// The serving certificate was not verified (self-signed).
+        /// The serving certificate could not be verified, so the metrics were read anonymously
+        /// (no credential sent).
         unverified_tls: bool,
     },
 }
@@ -91,9 +99,10 @@ fn label(series: &str, key: &str) -> Option<String> {
     })
 }
 
-/// Reads `url` with the kubeconfig's credentials; retries without certificate verification
-/// only after verification failed, and reports that it did.
-pub async fn probe(base: &kube::Config, url: &str) -> MetricsProbe {
+/// Reads `url`: with the kubeconfig's credentials from an endpoint whose certificate chains to
+/// the kubeconfig's CA or one of `extra_ca` (DER); anonymously, and saying so, from one that
+/// does not.
+pub async fn probe(base: &kube::Config, url: &str, extra_ca: &[Vec<u8>]) -> MetricsProbe {
     let unreachable = |reason: String| MetricsProbe::Unreachable {
         url: url.to_string(),
         reason,
@@ -109,13 +118,25 @@ pub async fn probe(base: &kube::Config, url: &str) -> MetricsProbe {
         (Some(s), Some(a)) => format!("{s}://{a}"),
         _ => return unreachable("not an absolute URL".into()),
     };
-    let verified = fetch(base, &root, &path, false).await;
+    let mut verified_config = base.clone();
+    if !extra_ca.is_empty() {
+        verified_config
+            .root_cert
+            .get_or_insert_with(Vec::new)
+            .extend(extra_ca.iter().cloned());
+    }
+    let verified = fetch(&verified_config, &root, &path, Mode::Verified).await;
     let (result, unverified_tls) = match verified {
         Ok(body) => (Ok(body), false),
         Err(e) if root.starts_with("https://") && !e.starts_with("HTTP ") => (
-            fetch(base, &root, &path, true)
+            fetch(base, &root, &path, Mode::AnonymousUnverified)
                 .await
-                .map_err(|e2| format!("{e2} (verified attempt: {e})")),
+                .map_err(|e2| {
+                    format!(
+                        "serving certificate not verified ({e}), so doctor sent no credentials; \
+                         anonymously: {e2}"
+                    )
+                }),
             true,
         ),
         Err(e) => (Err(e), false),
@@ -133,22 +154,36 @@ pub async fn probe(base: &kube::Config, url: &str) -> MetricsProbe {
     }
 }
 
-async fn fetch(
-    base: &kube::Config,
-    root: &str,
-    path: &str,
-    insecure: bool,
-) -> Result<String, String> {
+/// How a request is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Certificate verified; the kubeconfig's credentials (over HTTPS only).
+    Verified,
+    /// Certificate not verified; therefore no credential of any kind.
+    AnonymousUnverified,
+}
+
+/// `config` without any credential: no token, no client certificate, no exec plugin, no
+/// Authorization header.
+fn anonymous(config: &mut kube::Config) {
+    config.auth_info = Default::default();
+    config
+        .headers
+        .retain(|(name, _)| name != http::header::AUTHORIZATION);
+}
+
+async fn fetch(base: &kube::Config, root: &str, path: &str, mode: Mode) -> Result<String, String> {
     let mut config = base.clone();
     config.cluster_url = root.parse().map_err(|e| format!("{e}"))?;
-    if !root.starts_with("https://") {
-        // Credentials never travel over plain HTTP.
-        config.auth_info = Default::default();
-        config
-            .headers
-            .retain(|(name, _)| name != http::header::AUTHORIZATION);
+    if !root.starts_with("https://") || mode == Mode::AnonymousUnverified {
+        // Credentials never travel over plain HTTP, nor to an endpoint not verified.
+        anonymous(&mut config);
     }
-    config.accept_invalid_certs = insecure;
+    config.accept_invalid_certs = mode == Mode::AnonymousUnverified;
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(super::USER_AGENT),
+    ));
     config.tls_server_name = None;
     config.connect_timeout = Some(Duration::from_secs(3));
     config.read_timeout = Some(Duration::from_secs(5));
@@ -163,6 +198,41 @@ async fn fetch(
         Ok(Err(e)) => Err(error_chain(&e)),
         Err(_) => Err("timed out after 8s".into()),
     }
+}
+
+/// The certificates (DER) of a PEM file: `--metrics-ca`.
+pub fn read_pem_certificates(path: &std::path::Path) -> anyhow::Result<Vec<Vec<u8>>> {
+    use anyhow::Context as _;
+    use base64::Engine as _;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--metrics-ca {}: cannot read", path.display()))?;
+    let mut out = Vec::new();
+    let mut body: Option<String> = None;
+    for line in text.lines().map(str::trim) {
+        match (&mut body, line) {
+            (None, "-----BEGIN CERTIFICATE-----") => body = Some(String::new()),
+            (Some(b), "-----END CERTIFICATE-----") => {
+                let der = base64::engine::general_purpose::STANDARD
+                    .decode(b.as_bytes())
+                    .with_context(|| {
+                        format!(
+                            "--metrics-ca {}: a certificate is not base64",
+                            path.display()
+                        )
+                    })?;
+                out.push(der);
+                body = None;
+            }
+            (Some(b), l) => b.push_str(l),
+            (None, _) => {}
+        }
+    }
+    anyhow::ensure!(
+        !out.is_empty(),
+        "--metrics-ca {}: no PEM certificate in it (expected -----BEGIN CERTIFICATE-----)",
+        path.display()
+    );
+    Ok(out)
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

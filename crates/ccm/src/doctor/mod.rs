@@ -14,6 +14,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use ccm_manager::options::GoDuration;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -21,7 +22,7 @@ use kube::api::{Api, ListParams};
 
 use metrics::MetricsProbe;
 use report::{Finding, Report, Seen, Verdict};
-use snapshot::{DEFAULT_SECURE_PORT, Flags, LeaseLookup, Listed, Settings, Snapshot};
+use snapshot::{DEFAULT_SECURE_PORT, Flags, LeaseLookup, Listed, Settings, Snapshot, Workloads};
 
 /// The User-Agent doctor's requests carry, so API server audit logs (and kube-sim's request
 /// accounting) show what it read.
@@ -58,6 +59,12 @@ pub struct DoctorOptions {
     /// The CCM's metrics URL (default: https://<leader pod IP>:<--secure-port>/metrics).
     #[arg(long)]
     pub metrics_url: Option<String>,
+    /// PEM file with the CA that signed the CCM's serving certificate (its --tls-cert-file's
+    /// issuer, or the self-signed certificate itself). Doctor sends the kubeconfig's
+    /// credentials only to an endpoint whose certificate chains to this or to the kubeconfig's
+    /// CA; any other endpoint is read anonymously.
+    #[arg(long)]
+    pub metrics_ca: Option<PathBuf>,
 }
 
 /// Runs doctor and maps the report to the exit status.
@@ -119,7 +126,29 @@ pub async fn diagnose(
         grace: opts.grace.0,
     };
     let cluster = config.cluster_url.to_string();
-    let snap = match gather(client, config, settings, opts.metrics_url.as_deref()).await {
+    let extra_ca = match opts
+        .metrics_ca
+        .as_deref()
+        .map(metrics::read_pem_certificates)
+    {
+        None => Vec::new(),
+        Some(Ok(certs)) => certs,
+        Some(Err(e)) => {
+            return Report::new(
+                cluster,
+                Seen::default(),
+                vec![
+                    Finding::new("metrics-ca", Verdict::Fail, format!("{e:#}"))
+                        .fix("pass a PEM file holding the CA of the CCM's serving certificate"),
+                ],
+            );
+        }
+    };
+    let metrics = MetricsTarget {
+        url: opts.metrics_url.as_deref(),
+        extra_ca: &extra_ca,
+    };
+    let snap = match gather(client, config, settings, metrics).await {
         Ok(s) => s,
         Err(e) => {
             return Report::new(
@@ -131,6 +160,10 @@ pub async fn diagnose(
         }
     };
     let seen = Seen {
+        time: snap.now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        doctor_version: format!("ccm-rs v{}", env!("CARGO_PKG_VERSION")),
+        server_version: server_version(client).await,
+        context: context_name(opts),
         nodes: snap.nodes.len(),
         load_balancer_services: snap.services.as_ref().map_or(0, |s| {
             s.iter()
@@ -142,6 +175,27 @@ pub async fn diagnose(
         ccm_pods: snap.ccm_pods().len(),
     };
     Report::new(cluster, seen, checks::run_all(&snap))
+}
+
+/// The API server's gitVersion, or why it is unknown.
+async fn server_version(client: &kube::Client) -> String {
+    match client.apiserver_version().await {
+        Ok(v) => v.git_version,
+        Err(e) => format!("unknown ({e})"),
+    }
+}
+
+/// The kubeconfig context doctor used: `--context`, else the kubeconfig's current one.
+fn context_name(opts: &DoctorOptions) -> String {
+    if let Some(c) = &opts.context {
+        return c.clone();
+    }
+    let kc = match &opts.kubeconfig {
+        Some(path) => kube::config::Kubeconfig::read_from(path).ok(),
+        None => kube::config::Kubeconfig::read().ok(),
+    };
+    kc.and_then(|k| k.current_context)
+        .unwrap_or_else(|| "(in-cluster)".into())
 }
 
 async fn list<K>(api: Api<K>) -> Listed<K>
@@ -157,12 +211,21 @@ where
         })
 }
 
+/// Where and how to read the CCM's metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MetricsTarget<'a> {
+    /// `--metrics-url`; default: the leading CCM pod's.
+    pub url: Option<&'a str>,
+    /// CAs (DER) besides the kubeconfig's that may sign the CCM's serving certificate.
+    pub extra_ca: &'a [Vec<u8>],
+}
+
 /// Reads everything the checks need: GET and LIST only.
 pub async fn gather(
     client: &kube::Client,
     config: &kube::Config,
     settings: Settings,
-    metrics_url: Option<&str>,
+    metrics_target_opts: MetricsTarget<'_>,
 ) -> anyhow::Result<Snapshot> {
     let c = client.clone();
     let ns = settings.namespace.clone();
@@ -172,6 +235,11 @@ pub async fn gather(
         list(Api::<Service>::all(c.clone())),
         list(Api::<Event>::all(c.clone())),
         list(Api::<EndpointSlice>::all(c.clone())),
+    );
+    let (deployments, daemonsets, replicasets) = tokio::join!(
+        list(Api::<Deployment>::namespaced(c.clone(), &ns)),
+        list(Api::<DaemonSet>::namespaced(c.clone(), &ns)),
+        list(Api::<ReplicaSet>::namespaced(c.clone(), &ns)),
     );
     let nodes = nodes.map_err(|e| anyhow::anyhow!(e))?;
     let mut system_pods = pods;
@@ -188,6 +256,11 @@ pub async fn gather(
         services,
         events,
         endpoint_slices: slices,
+        workloads: Workloads {
+            deployments,
+            daemonsets,
+            replicasets,
+        },
         lease: LeaseLookup {
             namespace: String::new(),
             name: String::new(),
@@ -209,12 +282,13 @@ pub async fn gather(
         name: lease_name,
         result,
     };
-    snap.metrics = match metrics_url
+    snap.metrics = match metrics_target_opts
+        .url
         .map(str::to_string)
         .ok_or(())
         .or_else(|()| metrics_target(&snap))
     {
-        Ok(url) => metrics::probe(config, &url).await,
+        Ok(url) => metrics::probe(config, &url, metrics_target_opts.extra_ca).await,
         Err(reason) => MetricsProbe::NotTried(reason),
     };
     Ok(snap)

@@ -88,9 +88,18 @@ pub struct Report {
     pub exit_code: u8,
 }
 
-/// What the snapshot held.
+/// What the snapshot held, and when and where it was taken: a report pasted into a ticket
+/// says which cluster, which versions and which moment it describes.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Seen {
+    /// When doctor read the cluster (RFC 3339, UTC).
+    pub time: String,
+    /// This doctor's version.
+    pub doctor_version: String,
+    /// The API server's `/version` gitVersion (or why it is unknown).
+    pub server_version: String,
+    /// The kubeconfig context used (empty: in-cluster or the current one unnamed).
+    pub context: String,
     /// Nodes.
     pub nodes: usize,
     /// Services of type LoadBalancer.
@@ -123,6 +132,15 @@ impl Report {
             out,
             "ccm doctor: {} — {} nodes, {} LoadBalancer services, {} CCM pods",
             self.cluster, self.seen.nodes, self.seen.load_balancer_services, self.seen.ccm_pods
+        );
+        let s = &self.seen;
+        let _ = writeln!(
+            out,
+            "  at {} · doctor {} · server {} · context {}",
+            or_dash(&s.time),
+            or_dash(&s.doctor_version),
+            or_dash(&s.server_version),
+            or_dash(&s.context)
         );
         for f in &self.findings {
             let _ = writeln!(
@@ -159,6 +177,10 @@ impl Report {
     pub fn json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
     }
+}
+
+fn or_dash(s: &str) -> &str {
+    if s.is_empty() { "-" } else { s }
 }
 
 /// 0 when every check is ok (or not applicable), 1 with warnings, 2 with failures.

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -54,12 +55,35 @@ pub struct Snapshot {
     pub events: Listed<Event>,
     /// Every EndpointSlice (for `externalTrafficPolicy: Local` Services).
     pub endpoint_slices: Listed<EndpointSlice>,
+    /// The workloads of the CCM's namespace: what runs the CCM's pods, and what should.
+    pub workloads: Workloads,
     /// The leader-election Lease looked up, and what came back.
     pub lease: LeaseLookup,
     /// The CCM's metrics, if doctor reached them.
     pub metrics: MetricsProbe,
     /// Check knobs.
     pub settings: Settings,
+}
+
+/// Deployments, DaemonSets and ReplicaSets of the CCM's namespace.
+#[derive(Debug, Clone)]
+pub struct Workloads {
+    /// apps/v1 Deployments.
+    pub deployments: Listed<Deployment>,
+    /// apps/v1 DaemonSets.
+    pub daemonsets: Listed<DaemonSet>,
+    /// apps/v1 ReplicaSets (a Deployment's rollout).
+    pub replicasets: Listed<ReplicaSet>,
+}
+
+impl Default for Workloads {
+    fn default() -> Self {
+        Workloads {
+            deployments: Ok(Vec::new()),
+            daemonsets: Ok(Vec::new()),
+            replicasets: Ok(Vec::new()),
+        }
+    }
 }
 
 /// The Lease doctor looked for (named by the CCM's flags when a CCM pod is found).
@@ -158,14 +182,21 @@ pub fn command_line<'a>(pod: &'a Pod, component: &str) -> Vec<&'a str> {
 }
 
 fn mentions(pod: &Pod, needle: &str) -> bool {
-    let meta = &pod.metadata;
+    mentioned(&pod.metadata, pod.spec.as_ref(), needle)
+}
+
+fn mentioned(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    spec: Option<&k8s_openapi::api::core::v1::PodSpec>,
+    needle: &str,
+) -> bool {
     meta.name.as_deref().is_some_and(|n| n.contains(needle))
         || meta
             .labels
             .iter()
             .flatten()
             .any(|(_, v)| v.contains(needle))
-        || pod.spec.iter().flat_map(|s| &s.containers).any(|c| {
+        || spec.iter().flat_map(|s| &s.containers).any(|c| {
             c.name.contains(needle)
                 || c.command
                     .iter()
@@ -184,11 +215,19 @@ pub fn is_kcm_pod(pod: &Pod) -> bool {
 /// Whether a pod is a cloud-controller-manager: its name, a label or its command line says
 /// `cloud-controller-manager`, or its command runs the `ccm` binary.
 pub fn is_ccm_pod(pod: &Pod) -> bool {
-    if is_kcm_pod(pod) {
+    is_ccm(&pod.metadata, pod.spec.as_ref())
+}
+
+/// [`is_ccm_pod`] for any object with a pod spec (a workload's template).
+pub fn is_ccm(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    spec: Option<&k8s_openapi::api::core::v1::PodSpec>,
+) -> bool {
+    if mentioned(meta, spec, "kube-controller-manager") {
         return false;
     }
-    mentions(pod, "cloud-controller-manager")
-        || pod.spec.iter().flat_map(|s| &s.containers).any(|c| {
+    mentioned(meta, spec, "cloud-controller-manager")
+        || spec.iter().flat_map(|s| &s.containers).any(|c| {
             c.command
                 .iter()
                 .flatten()

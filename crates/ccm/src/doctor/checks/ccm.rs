@@ -63,7 +63,7 @@ pub fn owner_hint(p: &Pod) -> String {
 }
 
 /// Whether one toleration tolerates one taint (the scheduler's rule).
-fn tolerates(t: &Toleration, taint: &Taint) -> bool {
+pub(super) fn tolerates(t: &Toleration, taint: &Taint) -> bool {
     let effect_ok = t
         .effect
         .as_deref()
@@ -372,6 +372,23 @@ fn no_ccm_pod(snap: &Snapshot) -> Finding {
         )])
         .fix("the CCM runs outside the cluster or in another namespace (pass --namespace NS); pod checks are skipped");
     }
+    if let Some(w) = super::workload::ccm_workloads(snap).first() {
+        return Finding::new(
+            ID_PODS,
+            Verdict::Fail,
+            format!(
+                "no cloud-controller-manager pod in {ns}: {} exists but runs none",
+                w.reference()
+            ),
+        )
+        .evidence([format!(
+            "{}: {} of {} pods ready",
+            w.reference(),
+            w.ready,
+            w.desired
+        )])
+        .fix("see ccm-workload below for why it places no pod");
+    }
     Finding::new(
         ID_PODS,
         Verdict::Fail,
@@ -503,8 +520,61 @@ pub fn leader_election(snap: &Snapshot) -> Finding {
     }
 }
 
+/// In-tree providers kube-controller-manager knew before they were removed.
+const IN_TREE: &[&str] = &["aws", "azure", "gce", "openstack", "vsphere"];
+
+/// `(major, minor)` of an image tag such as `registry.k8s.io/kube-controller-manager:v1.36.0`.
+fn image_version(p: &Pod) -> Option<(u32, u32)> {
+    let image = p.spec.as_ref()?.containers.first()?.image.as_deref()?;
+    let tag = image.rsplit_once(':')?.1.trim_start_matches('v');
+    let mut parts = tag.split(['.', '-', '+']);
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// Why a pod's main container keeps restarting, when it does: the waiting reason and the last
+/// termination's message.
+fn crash_loop(p: &Pod) -> Option<String> {
+    let cs = p.status.as_ref()?.container_statuses.as_ref()?.first()?;
+    let waiting = cs
+        .state
+        .as_ref()
+        .and_then(|s| s.waiting.as_ref())
+        .and_then(|w| w.reason.clone())
+        .unwrap_or_default();
+    if waiting != "CrashLoopBackOff" && cs.restart_count < RESTARTS_WARN {
+        return None;
+    }
+    let last = cs
+        .last_state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .map(|t| {
+            format!(
+                "exit code {}{}",
+                t.exit_code,
+                t.message
+                    .as_deref()
+                    .map(|m| format!(": {}", m.trim()))
+                    .unwrap_or_default()
+            )
+        })
+        .unwrap_or_else(|| "no termination message".into());
+    Some(format!(
+        "{} restarts{}, last {last}",
+        cs.restart_count,
+        if waiting.is_empty() {
+            String::new()
+        } else {
+            format!(", {waiting}")
+        }
+    ))
+}
+
 /// kube-controller-manager must not run the cloud loops (`--cloud-provider` other than
-/// `external`) once a CCM does.
+/// `external`) once a CCM does. From 1.29 it refuses an in-tree provider altogether (the
+/// `DisableCloudProviders` gate is on; the providers' code is gone since 1.31): it exits, and
+/// a kubelet restarts it in a loop — no cloud loops, but no node IPAM, garbage collection or
+/// anything else it runs either.
 pub fn kcm_cloud_provider(snap: &Snapshot) -> Finding {
     if let Err(e) = &snap.system_pods {
         return Finding::new(
@@ -521,44 +591,90 @@ pub fn kcm_cloud_provider(snap: &Snapshot) -> Finding {
             "no kube-controller-manager pod visible in kube-system (managed control plane?)",
         );
     }
-    let bad: Vec<(&Pod, String)> = kcm
+    let evidence: Vec<String> = kcm
         .iter()
-        .filter_map(|(p, f)| {
-            f.get("cloud-provider")
-                .filter(|v| !v.is_empty() && *v != "external")
-                .map(|v| (*p, v.to_string()))
+        .map(|(p, f)| {
+            let version = image_version(p)
+                .map(|(a, b)| format!("v{a}.{b}"))
+                .unwrap_or_else(|| "version unknown".into());
+            match f.get("cloud-provider") {
+                Some(v) => format!("pod {} ({version}): --cloud-provider={v}", full_name(p)),
+                None => format!("pod {} ({version}): no --cloud-provider", full_name(p)),
+            }
         })
         .collect();
-    let evidence = kcm.iter().map(|(p, f)| match f.get("cloud-provider") {
-        Some(v) => format!("pod {}: --cloud-provider={v}", full_name(p)),
-        None => format!("pod {}: no --cloud-provider", full_name(p)),
-    });
-    match bad.first() {
-        None => Finding::new(
+    let static_file = |p: &Pod| match node_name(p) {
+        Some(n) => format!(
+            " (static pod: /etc/kubernetes/manifests/kube-controller-manager.yaml on node {n})"
+        ),
+        None => String::new(),
+    };
+    let in_tree = |f: &Flags| {
+        f.get("cloud-provider")
+            .filter(|v| IN_TREE.contains(v))
+            .map(str::to_string)
+    };
+    let refuses = |p: &Pod| image_version(p).is_some_and(|v| v >= (1, 29));
+    if let Some((p, f, why)) = kcm
+        .iter()
+        .find_map(|(p, f)| crash_loop(p).map(|w| (*p, f, w)))
+    {
+        let mut finding = Finding::new(
+            ID_KCM,
+            Verdict::Fail,
+            format!("kube-controller-manager {} is crash-looping", full_name(p)),
+        )
+        .evidence([why])
+        .evidence(evidence);
+        finding = match in_tree(f) {
+            Some(v) if refuses(p) => finding.fix(format!(
+                "set --cloud-provider=external on pod {}{}: since 1.29 kube-controller-manager exits on --cloud-provider={v} (in-tree providers disabled, removed in 1.31); the CCM does that work",
+                full_name(p),
+                static_file(p)
+            )),
+            _ => finding.fix(format!(
+                "read why it exits: `kubectl -n kube-system logs {} --previous`; until it runs, nothing allocates pod CIDRs or collects garbage",
+                name_of(p)
+            )),
+        };
+        return finding;
+    }
+    let Some((p, v)) = kcm.iter().find_map(|(p, f)| {
+        in_tree(f)
+            .or_else(|| {
+                f.get("cloud-provider")
+                    .filter(|v| !v.is_empty() && *v != "external")
+                    .map(str::to_string)
+            })
+            .map(|v| (*p, v))
+    }) else {
+        return Finding::new(
             ID_KCM,
             Verdict::Ok,
             "kube-controller-manager runs no cloud loops",
         )
-        .evidence(evidence),
-        Some((p, v)) => {
-            let where_ = match node_name(p) {
-                Some(n) => format!(
-                    " (static pod: /etc/kubernetes/manifests/kube-controller-manager.yaml on node {n})"
-                ),
-                None => String::new(),
-            };
-            Finding::new(
-                ID_KCM,
-                Verdict::Fail,
-                format!("kube-controller-manager runs with --cloud-provider={v}"),
-            )
-            .evidence(evidence)
-            .fix(format!(
-                "set --cloud-provider=external on pod {}{where_}: otherwise it and the CCM both manage nodes, routes and load balancers",
-                full_name(p)
-            ))
-        }
-    }
+        .evidence(evidence);
+    };
+    let (summary, why) = if refuses(p) {
+        (
+            format!(
+                "kube-controller-manager refuses --cloud-provider={v} since 1.29: it exits at its next start"
+            ),
+            "it stops instead of running the cloud loops, and takes node IPAM and garbage collection down with it",
+        )
+    } else {
+        (
+            format!("kube-controller-manager runs with --cloud-provider={v}"),
+            "otherwise it and the CCM both manage nodes, routes and load balancers",
+        )
+    };
+    Finding::new(ID_KCM, Verdict::Fail, summary)
+        .evidence(evidence)
+        .fix(format!(
+            "set --cloud-provider=external on pod {}{}: {why}",
+            full_name(p),
+            static_file(p)
+        ))
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@ pub mod ccm;
 pub mod nodes;
 pub mod routes;
 pub mod services;
+pub mod workload;
 
 use k8s_openapi::api::core::v1::{Event, Node};
 
@@ -16,10 +17,12 @@ pub fn run_all(snap: &Snapshot) -> Vec<Finding> {
         nodes::uninitialized_taint(snap),
         nodes::network_deadlock(snap),
         ccm::ccm_pods(snap),
+        workload::ccm_workload(snap),
         ccm::leader_election(snap),
         ccm::kcm_cloud_provider(snap),
         nodes::kubelet_cloud_provider(snap),
         nodes::node_metadata(snap),
+        nodes::node_network(snap),
         services::lb_pending(snap),
         services::lb_local_endpoints(snap),
         services::external_ips(snap),

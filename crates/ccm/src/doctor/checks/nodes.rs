@@ -14,6 +14,7 @@ const ID_TAINT: &str = "uninitialized-taint";
 const ID_DEADLOCK: &str = "network-deadlock";
 const ID_KUBELET: &str = "kubelet-cloud-provider";
 const ID_METADATA: &str = "node-metadata";
+const ID_NETWORK: &str = "node-network";
 
 fn provider_id(n: &Node) -> &str {
     n.spec
@@ -237,4 +238,91 @@ pub fn node_metadata(snap: &Snapshot) -> Finding {
         "labels are written once, at initialization, from the provider's instance metadata: if the cloud now reports them, re-taint node {first} (`kubectl taint node {first} {TAINT_UNINITIALIZED}=true:NoSchedule`) to re-initialize it"
     ))
     .fix("a provider without zones (some bare-metal setups) leaves them unset by design")
+}
+
+fn network_unavailable(n: &Node) -> Option<(String, Option<jiff::Timestamp>)> {
+    n.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "NetworkUnavailable" && c.status == "True")
+        .map(|c| {
+            (
+                c.reason.clone().unwrap_or_default(),
+                c.last_transition_time.as_ref().map(|t| t.0),
+            )
+        })
+}
+
+fn pod_cidr(n: &Node) -> Option<&str> {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.pod_cidr.as_deref())
+        .filter(|c| !c.is_empty())
+}
+
+/// The route controller's side of node networking: `NetworkUnavailable` cleared once a node's
+/// route exists, and a `spec.podCIDR` on every node (the route controller skips a node without
+/// one). Whether routes are the CCM's job follows from its flags.
+pub fn node_network(snap: &Snapshot) -> Finding {
+    if snap.nodes.is_empty() {
+        return Finding::new(ID_NETWORK, Verdict::Skip, "no nodes");
+    }
+    let pods = snap.ccm_pods();
+    let flags = pods.first().map(|(_, f)| f.clone());
+    let routes = flags.as_ref().map(|f| {
+        f.bool("configure-cloud-routes", true)
+            && f.get("cluster-cidr").is_some_and(|c| !c.is_empty())
+    });
+    let unavailable: Vec<(&Node, String, std::time::Duration)> = snap
+        .nodes
+        .iter()
+        .filter_map(|n| network_unavailable(n).map(|(r, t)| (n, r, snap.since(t))))
+        .collect();
+    let no_cidr: Vec<&Node> = snap
+        .nodes
+        .iter()
+        .filter(|n| pod_cidr(n).is_none())
+        .collect();
+    let mut evidence = group_nodes(unavailable.iter().map(|(n, r, d)| {
+        (
+            name(n),
+            format!("NetworkUnavailable=True ({r}) for {}", human(*d)),
+        )
+    }));
+    if routes == Some(true) {
+        evidence.extend(group_nodes(
+            no_cidr
+                .iter()
+                .map(|n| (name(n), "no spec.podCIDR".to_string())),
+        ));
+    }
+    let stuck = unavailable.iter().any(|(_, _, d)| *d > snap.settings.grace);
+    match routes {
+        Some(true) if !unavailable.is_empty() => Finding::new(
+            ID_NETWORK,
+            if stuck { Verdict::Fail } else { Verdict::Warn },
+            format!("{} of {} nodes still NetworkUnavailable: their cloud routes are missing", unavailable.len(), snap.nodes.len()),
+        )
+        .evidence(evidence)
+        .fix("the CCM's route controller creates the routes and clears the condition: see route-syncs and the CCM's logs; a node without spec.podCIDR gets no route (kube-controller-manager --allocate-node-cidrs assigns them)"),
+        Some(true) if !no_cidr.is_empty() => Finding::new(
+            ID_NETWORK,
+            Verdict::Warn,
+            format!("{} of {} nodes have no spec.podCIDR: the route controller skips them", no_cidr.len(), snap.nodes.len()),
+        )
+        .evidence(evidence)
+        .fix("run kube-controller-manager (or the CCM) with --allocate-node-cidrs=true and --cluster-cidr, or let the CNI route (--configure-cloud-routes=false)"),
+        _ if !unavailable.is_empty() => Finding::new(
+            ID_NETWORK,
+            Verdict::Warn,
+            format!("{} of {} nodes are NetworkUnavailable and the CCM does not configure routes", unavailable.len(), snap.nodes.len()),
+        )
+        .evidence(evidence)
+        .fix("the CNI clears NetworkUnavailable when it routes pods itself; with cloud routes, run the CCM with --cluster-cidr (and --configure-cloud-routes, the default)"),
+        Some(true) => Finding::new(ID_NETWORK, Verdict::Ok, "every node has a podCIDR and no NetworkUnavailable condition"),
+        Some(false) => Finding::new(ID_NETWORK, Verdict::Ok, "no node is NetworkUnavailable (the CCM configures no routes; podCIDRs are the CNI's business)"),
+        None => Finding::new(ID_NETWORK, Verdict::Ok, "no node is NetworkUnavailable"),
+    }
 }

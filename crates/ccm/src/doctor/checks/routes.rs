@@ -34,7 +34,7 @@ pub fn route_syncs(snap: &Snapshot) -> Finding {
         MetricsProbe::Unreachable { url, reason } => {
             return Finding::new(ID, Verdict::Warn, format!("metrics not reachable at {url}"))
                 .evidence([reason.clone()])
-                .fix("run doctor where the CCM's port is reachable, or pass --metrics-url (e.g. after `kubectl port-forward`); the kubeconfig's user needs `get` on the nonResourceURL /metrics");
+                .fix("run doctor where the CCM's port is reachable, or pass --metrics-url (e.g. after `kubectl port-forward`); the kubeconfig's user needs `get` on the nonResourceURL /metrics; doctor sends credentials only to a serving certificate it can verify: pass --metrics-ca with the CA of the CCM's --tls-cert-file (or its self-signed certificate)");
         }
         MetricsProbe::Scraped {
             url,
@@ -45,7 +45,7 @@ pub fn route_syncs(snap: &Snapshot) -> Finding {
     let mut evidence = vec![format!(
         "read {url}{}",
         if unverified {
-            " (serving certificate not verified: self-signed)"
+            " anonymously (serving certificate not verified, so no credentials sent)"
         } else {
             ""
         }

@@ -147,6 +147,7 @@ fn healthy() -> Snapshot {
         services: Ok(vec![lb_service("web", true)]),
         events: Ok(vec![]),
         endpoint_slices: Ok(vec![]),
+        workloads: Default::default(),
         lease: LeaseLookup {
             namespace: "kube-system".into(),
             name: "cloud-controller-manager".into(),
@@ -546,7 +547,11 @@ fn interval_mode_route_syncs_suggest_watch_mode() {
             .any(|e| e.contains("703 route syncs in 2h00m of uptime (352/h)")),
         "{f:?}"
     );
-    assert!(f.evidence[0].contains("not verified: self-signed"), "{f:?}");
+    assert!(
+        f.evidence[0]
+            .contains("anonymously (serving certificate not verified, so no credentials sent)"),
+        "{f:?}"
+    );
 
     // An upstream CCM (no trigger label) in its default interval mode.
     snap.metrics = MetricsProbe::Scraped {
@@ -618,5 +623,78 @@ fn nodes_stuck_the_same_way_fold_into_one_line() {
     assert_eq!(
         f.evidence,
         vec!["nodes n0, n1, n2 and 2 more: tainted for 10m00s".to_string()]
+    );
+}
+
+#[test]
+fn node_network_follows_whether_routes_are_the_ccms_job() {
+    let mut snap = healthy();
+    let mut n = node("worker-1");
+    n.status
+        .as_mut()
+        .and_then(|s| s.conditions.as_mut())
+        .expect("conditions")
+        .push(obj(json!({"type": "NetworkUnavailable", "status": "True",
+            "reason": "NoRouteCreated", "lastTransitionTime": ago(600)})));
+    snap.nodes = vec![node("cp-1"), n];
+    // Routes on: the CCM runs with a cluster CIDR; past the grace it is a failure.
+    snap.system_pods = Ok(vec![ccm_pod("ccm-a", &["--cluster-cidr=10.244.0.0/16"])]);
+    let f = nodes::node_network(&snap);
+    assert_eq!(f.verdict, Verdict::Fail, "{f:?}");
+    assert!(
+        f.evidence
+            .join(" ")
+            .contains("node worker-1: NetworkUnavailable=True (NoRouteCreated)"),
+        "{f:?}"
+    );
+    // Routes off: the CNI's condition to clear, a warning.
+    snap.system_pods = Ok(vec![ccm_pod("ccm-a", &["--configure-cloud-routes=false"])]);
+    assert_eq!(nodes::node_network(&snap).verdict, Verdict::Warn);
+    // Routes on, every node networked, one without a podCIDR: the route controller skips it.
+    snap.nodes = vec![node("cp-1")];
+    snap.system_pods = Ok(vec![ccm_pod("ccm-a", &["--cluster-cidr=10.244.0.0/16"])]);
+    let f = nodes::node_network(&snap);
+    assert_eq!(f.verdict, Verdict::Warn, "{f:?}");
+    assert!(f.summary.contains("no spec.podCIDR"), "{f:?}");
+    snap.nodes[0].spec.as_mut().expect("spec").pod_cidr = Some("10.244.1.0/24".into());
+    assert_eq!(nodes::node_network(&snap).verdict, Verdict::Ok);
+}
+
+#[test]
+fn kcm_with_an_in_tree_provider_is_refused_from_1_29_and_crash_loops() {
+    let mut snap = healthy();
+    let mut kcm = kcm_pod(Some("aws"));
+    kcm.spec.as_mut().expect("spec").containers[0].image =
+        Some("registry.k8s.io/kube-controller-manager:v1.36.0".into());
+    snap.system_pods = Ok(vec![ccm_pod("ccm-a", &[]), kcm.clone()]);
+    let f = ccm::kcm_cloud_provider(&snap);
+    assert_eq!(f.verdict, Verdict::Fail);
+    assert!(
+        f.summary
+            .contains("refuses --cloud-provider=aws since 1.29"),
+        "{f:?}"
+    );
+    kcm.status = Some(obj(json!({"phase": "Running", "containerStatuses": [{
+        "name": "kube-controller-manager", "image": "x", "imageID": "", "ready": false,
+        "restartCount": 9, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": 1, "message": "built-in cloud providers are disabled"}}}]})));
+    snap.system_pods = Ok(vec![ccm_pod("ccm-a", &[]), kcm.clone()]);
+    let f = ccm::kcm_cloud_provider(&snap);
+    assert!(f.summary.contains("crash-looping"), "{f:?}");
+    assert!(
+        f.evidence[0].contains(
+            "9 restarts, CrashLoopBackOff, last exit code 1: built-in cloud providers are disabled"
+        ),
+        "{f:?}"
+    );
+    // Before 1.29 the same flag runs the cloud loops next to the CCM.
+    kcm.status = None;
+    kcm.spec.as_mut().expect("spec").containers[0].image =
+        Some("registry.k8s.io/kube-controller-manager:v1.28.4".into());
+    snap.system_pods = Ok(vec![ccm_pod("ccm-a", &[]), kcm]);
+    assert!(
+        ccm::kcm_cloud_provider(&snap)
+            .summary
+            .contains("runs with --cloud-provider=aws")
     );
 }
