@@ -3,8 +3,6 @@
 //! — every resource the suite made is swept, after a full run and after Ctrl-C, and the
 //! operator's instance is never touched.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -13,9 +11,19 @@ use ccm_provider_sim::{InstanceSpec, InstanceState, Latency, SimCloud, SimServer
 
 const CCM: &str = env!("CARGO_BIN_EXE_ccm");
 
+fn tmpdir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "ccm-{tag}-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).expect("dir");
+    dir
+}
+
 #[tokio::test]
 async fn sim_destructive_run_passes_and_writes_reports() {
-    let dir = support::tmpdir("conformance");
+    let dir = tmpdir("conformance");
     let (junit, json) = (dir.join("junit.xml"), dir.join("report.json"));
     let out = tokio::process::Command::new(CCM)
         .args(["conformance", "--cloud-provider=sim", "--destructive"])
@@ -132,7 +140,7 @@ fn untouched(cloud: &Cloud) {
 
 #[tokio::test]
 async fn against_a_configured_cloud_everything_is_swept_also_after_ctrl_c() {
-    let dir = support::tmpdir("conformance-remote");
+    let dir = tmpdir("conformance-remote");
     let cloud = remote_cloud(&dir).await;
 
     let out = conformance(&cloud).output().await.expect("run ccm");
