@@ -29,6 +29,7 @@
 //! # }
 //! ```
 
+mod cluster;
 mod faults;
 mod harness;
 mod instances;

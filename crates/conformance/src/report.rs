@@ -193,7 +193,7 @@ impl Report {
             "ccm conformance: provider {}, {} level, cluster {}\n\n",
             self.provider, self.level, self.cluster
         );
-        for rule in crate::rules::ALL {
+        for rule in crate::rules::ALL.iter().chain(crate::rules::CLUSTER) {
             let rs: Vec<&CheckResult> = self.of(rule.id).collect();
             if rs.is_empty() {
                 continue;

@@ -20,7 +20,7 @@ fn same_cidr(a: &str, b: &str) -> bool {
     }
 }
 
-fn subnet(ctx: &Ctx, i: usize) -> Ipv4Net {
+pub(crate) fn subnet(ctx: &Ctx, i: usize) -> Ipv4Net {
     let base = ctx.harness.route_cidr_base();
     base.subnets(24)
         .ok()

@@ -252,6 +252,13 @@ impl Suite {
         crate::faults::run(ctx).await;
     }
 
+    /// Runs the cluster level (the real controllers on kube-sim with this cloud; needs the
+    /// destructive level and a harness that creates instances), then sweeps.
+    pub async fn run_cluster(&self) -> Report {
+        crate::cluster::run(&self.ctx).await;
+        self.finish(false).await
+    }
+
     /// Sweeps what the suite created (also after a failure or an interrupted run) and builds
     /// the report from the checks that ran.
     pub async fn finish(&self, interrupted: bool) -> Report {
