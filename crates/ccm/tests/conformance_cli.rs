@@ -150,6 +150,7 @@ async fn against_a_configured_cloud_everything_is_swept_also_after_ctrl_c() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    println!("{stdout}");
     // Without a harness, lifecycle and fault checks say why they did not run.
     assert!(
         stdout.contains("NOT RUN") && stdout.contains("lb.ensure-is-idempotent"),
