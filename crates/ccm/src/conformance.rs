@@ -101,6 +101,7 @@ fn parse_defects(specs: &[String]) -> anyhow::Result<Vec<KnownDefect>> {
             }
             Ok(KnownDefect {
                 rule: rule.into(),
+                case: None,
                 defect: defect.into(),
             })
         })

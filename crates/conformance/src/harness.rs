@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ccm_cloud::{CloudProvider, Node};
+use ccm_cloud::{CloudProvider, InitContext, Node};
 
 /// A failure the harness can make the cloud answer with, for the calls that follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -24,17 +24,21 @@ pub enum Fault {
     Timeout,
     /// The API answers with its rate-limit error (RequestLimitExceeded, 429).
     Throttle,
+    /// The API answers 404 Not Found for a resource it should know (a BMC mid firmware
+    /// update, a proxy in the way): a 404 that does not come from an authoritative lookup.
+    NotFound,
     /// Every call takes about this long (for cancelling calls mid-way).
     Latency(Duration),
 }
 
 impl Fault {
     /// The faults under which an instance must never be reported gone.
-    pub const ERRORS: [Fault; 4] = [
+    pub const ERRORS: [Fault; 5] = [
         Fault::ServerError,
         Fault::Forbidden,
         Fault::Timeout,
         Fault::Throttle,
+        Fault::NotFound,
     ];
 }
 
@@ -91,6 +95,12 @@ pub struct Inventory {
 pub trait Harness: Send + Sync {
     /// The provider under test, exactly as the CCM would build it.
     fn provider(&self) -> Arc<dyn CloudProvider>;
+
+    /// What the provider's `initialize` gets before any check, for providers that need it
+    /// (e.g. a kube client to rebuild their state from the cluster). `None`: not called.
+    async fn init_context(&self) -> Option<InitContext> {
+        None
+    }
 
     /// Nodes of instances that exist and run, for the read-only checks. They are only read.
     async fn existing_nodes(&self) -> Vec<Node> {

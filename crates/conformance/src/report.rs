@@ -198,14 +198,24 @@ impl Report {
             if rs.is_empty() {
                 continue;
             }
+            // Checks that did not run never hide the outcome of those that did.
             let worst = rs
                 .iter()
                 .map(|r| &r.outcome)
                 .max_by_key(|o| severity(o))
                 .expect("non-empty");
+            let not_run = rs
+                .iter()
+                .filter(|r| matches!(r.outcome, Outcome::NotRun { .. }))
+                .count();
+            let extra = if not_run > 0 && not_run < rs.len() {
+                format!(", {not_run} not run")
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 s,
-                "  {:<26} {} ({} checks)",
+                "  {:<26} {} ({} checks{extra})",
                 worst.label(),
                 rule.id,
                 rs.len()
@@ -249,8 +259,8 @@ impl Report {
 
 fn severity(o: &Outcome) -> u8 {
     match o {
-        Outcome::Pass => 0,
-        Outcome::NotRun { .. } => 1,
+        Outcome::NotRun { .. } => 0,
+        Outcome::Pass => 1,
         Outcome::KnownDefect { .. } => 2,
         Outcome::DefectFixed { .. } => 3,
         Outcome::Fail { .. } => 4,

@@ -39,7 +39,7 @@ rules! {
         "a terminated instance is reported Ok(false) / exists: false",
         "Nodes of terminated instances are never cleaned up";
     ERROR_NEVER_GONE = "instances.error-is-never-gone",
-        "a cloud error (5xx, 403, timeout, throttling) is an Err, never Ok(false) or exists: false",
+        "a cloud error (5xx, 403, timeout, throttling, a 404 that is not an authoritative answer) is an Err, never Ok(false) or exists: false",
         "one failed API call deletes every NotReady Node of the cluster";
     FOREIGN_ID_NOT_GONE = "instances.foreign-provider-id-is-never-gone",
         "a providerID of another provider or of malformed shape is an Err, never Ok(false)",

@@ -115,6 +115,11 @@ impl Harness for SimHarness {
                 let _ = Routes::list_routes(&self.sim, "ccm-conformance-drain").await;
                 r
             }
+            Fault::NotFound => {
+                return Err(HarnessError::Unsupported(
+                    "the sim API has no 404 that is not an answer".into(),
+                ));
+            }
             Fault::Latency(d) => self.sim.set_latency(
                 all,
                 Latency {
