@@ -7,10 +7,12 @@ if ! "$CCM_VENV/bin/python" -m pip show sushy-tools 2>/dev/null | grep -qx "Vers
 fi
 sushy-emulator --help >/dev/null
 
-# The metal provider's route test sends real packets between network namespaces (ping), and its
+# The metal provider's route test sends real packets between network namespaces (ping), its
+# silent-BMC test runs the emulator in a network namespace behind a veth pair (ip), and its
 # Redfish test drives the emulator's API with curl.
 metal_need=()
 command -v ping >/dev/null 2>&1 || metal_need+=(iputils-ping)
+command -v ip >/dev/null 2>&1 || metal_need+=(iproute2)
 command -v curl >/dev/null 2>&1 || metal_need+=(curl)
 if [ ${#metal_need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive

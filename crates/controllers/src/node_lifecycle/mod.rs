@@ -233,7 +233,14 @@ impl NodeLifecycleController {
                 let _permit = sem.acquire().await;
                 match res {
                     Ok(status) => self.act(node, status).await,
-                    Err(e) => tracing::warn!(node = ?node.metadata.name, error = %e, "error checking instance; skipping node this round"),
+                    // Doubt is never "gone": the Node stays, the operator is told, the next
+                    // round asks again.
+                    Err(e) => self.recorder.publish(
+                        &node,
+                        EventType::Warning,
+                        "CheckingInstanceFailed",
+                        format!("Could not tell whether the instance of node {} exists; keeping the node and asking again: {e}", node.metadata.name.as_deref().unwrap_or_default()),
+                    ),
                 }
             }))
             .await;

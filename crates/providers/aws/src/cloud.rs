@@ -19,6 +19,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::OnceCell;
 
 use crate::config::{AwsConfig, Service};
+use crate::identity::{self, ClusterId};
 use crate::metrics::AwsMetrics;
 
 /// The `--cloud-provider` name and provider-ID scheme.
@@ -62,6 +63,8 @@ pub(crate) struct Memory {
     pub nlbs: HashMap<String, crate::nlb::NlbTargets>,
     /// (node security group, LB security group) pairs known to have the allow rule.
     pub sg_rules: std::collections::HashSet<(String, String)>,
+    /// Names of Fargate and hybrid Nodes: no EC2 instance behind them.
+    pub not_ec2: std::collections::HashSet<String>,
 }
 
 pub(crate) struct Inner {
@@ -74,6 +77,13 @@ pub(crate) struct Inner {
     pub zone_flight: tokio::sync::Mutex<()>,
     sdk: Option<SdkConfig>,
     clients: OnceCell<Clients>,
+    /// The cluster id: from the cloud-config at construction, else found by `initialize`.
+    cluster: std::sync::OnceLock<ClusterId>,
+    sources: IdentitySources,
+    /// The cluster client from `initialize`, for the one Node listing after a restart.
+    pub kube: std::sync::OnceLock<kube::Client>,
+    /// Whether that listing was done.
+    pub nodes_listed: std::sync::atomic::AtomicBool,
     pub metrics: AwsMetrics,
     pub memory: Mutex<Memory>,
 }
@@ -92,27 +102,59 @@ pub fn https_client() -> aws_sdk_ec2::config::SharedHttpClient {
         .build_https()
 }
 
-/// Registers `aws` in `registry`: `--cloud-provider=aws --cloud-config=<toml>`.
+/// Where the provider may find the cluster id when the cloud-config has none.
+#[derive(Debug, Clone, Default)]
+pub struct IdentitySources {
+    /// `--cluster-name`, only when given explicitly (its default never names a cluster).
+    pub cluster_name: Option<String>,
+    /// The IMDS base URL; default the SDK's (169.254.169.254, or
+    /// `AWS_EC2_METADATA_SERVICE_ENDPOINT`).
+    pub imds_endpoint: Option<String>,
+}
+
+/// Registers `aws` in `registry`: `--cloud-provider=aws --cloud-config=<ini or toml>`. An
+/// explicit `--cluster-name` on the process's command line may serve as the cluster id.
 pub fn register(registry: &mut ProviderRegistry) -> Result<(), RegistryError> {
     registry.register(PROVIDER_NAME, |cfg| {
         let cfg = AwsConfig::from_cloud_config(cfg)?;
-        Ok(Arc::new(AwsCloud::new(cfg)) as Arc<dyn CloudProvider>)
+        let sources = IdentitySources {
+            cluster_name: identity::explicit_cluster_name(std::env::args()),
+            imds_endpoint: None,
+        };
+        Ok(Arc::new(AwsCloud::with_identity(cfg, None, sources)) as Arc<dyn CloudProvider>)
     })
 }
 
 impl AwsCloud {
     /// A provider using the SDK's default credential and region chain.
     pub fn new(cfg: AwsConfig) -> Self {
-        Self::build(cfg, None)
+        Self::build(cfg, None, IdentitySources::default())
     }
 
     /// A provider on a given SDK config (tests, or binaries with their own credential setup).
     /// The cloud-config's region and endpoint overrides still apply.
     pub fn with_sdk_config(cfg: AwsConfig, sdk: SdkConfig) -> Self {
-        Self::build(cfg, Some(sdk))
+        Self::build(cfg, Some(sdk), IdentitySources::default())
     }
 
-    fn build(cfg: AwsConfig, sdk: Option<SdkConfig>) -> Self {
+    /// A provider that, when the cloud-config names no cluster, takes the cluster id from
+    /// `sources` (an explicit `--cluster-name`, else the tags of the instance IMDS names).
+    pub fn with_identity(cfg: AwsConfig, sdk: Option<SdkConfig>, sources: IdentitySources) -> Self {
+        Self::build(cfg, sdk, sources)
+    }
+
+    fn build(cfg: AwsConfig, sdk: Option<SdkConfig>, sources: IdentitySources) -> Self {
+        let unused = cfg.not_honoured();
+        if !unused.is_empty() {
+            tracing::warn!(
+                keys = %unused.join(", "),
+                "cloud-config settings read but not honoured by ccm-rs yet (see the migration guide in docs/providers/aws.md)"
+            );
+        }
+        let cluster = std::sync::OnceLock::new();
+        if let Ok(Some(c)) = identity::from_config(&cfg) {
+            let _ = cluster.set(c);
+        }
         AwsCloud {
             inner: Arc::new(Inner {
                 cfg,
@@ -121,6 +163,10 @@ impl AwsCloud {
                 zone_flight: tokio::sync::Mutex::new(()),
                 sdk,
                 clients: OnceCell::new(),
+                cluster,
+                sources,
+                kube: std::sync::OnceLock::new(),
+                nodes_listed: std::sync::atomic::AtomicBool::new(false),
                 metrics: AwsMetrics::default(),
                 memory: Mutex::new(Memory::default()),
             }),
@@ -139,13 +185,48 @@ impl AwsCloud {
             .await
     }
 
-    /// The cluster tag id: the cloud-config's `kubernetes_cluster_id`, else `--cluster-name`.
+    /// The cluster tag id: the one `initialize` settled on (cloud-config, explicit
+    /// `--cluster-name`, or the CCM host's tags). `cluster` (the `--cluster-name` value) only
+    /// serves a provider that was never initialized (tests driving it directly).
     pub(crate) fn cluster_id<'a>(&'a self, cluster: &'a str) -> &'a str {
-        self.inner
-            .cfg
-            .kubernetes_cluster_id
-            .as_deref()
-            .unwrap_or(cluster)
+        self.cluster().map(|c| c.id.as_str()).unwrap_or(cluster)
+    }
+
+    /// The cluster id and tag style, once known.
+    pub(crate) fn cluster(&self) -> Option<&ClusterId> {
+        self.inner.cluster.get()
+    }
+
+    /// Finds the cluster id when the cloud-config has none: an explicit `--cluster-name`, else
+    /// the tags of the instance the CCM runs on (IMDS v2 for its id, EC2 for its tags), else a
+    /// startup error naming every way to set it.
+    async fn discover_cluster(&self) -> CloudResult<ClusterId> {
+        if let Some(name) = &self.inner.sources.cluster_name {
+            return Ok(ClusterId {
+                id: name.clone(),
+                legacy: false,
+            });
+        }
+        let none = "the cloud-config sets neither KubernetesClusterID nor KubernetesClusterTag and --cluster-name was not given";
+        let id =
+            identity::self_instance_id(self.inner.sources.imds_endpoint.as_deref(), https_client())
+                .await
+                .map_err(|e| {
+                    identity::missing(&format!(
+                        "{none}, and this host's instance could not be found through IMDS ({e})"
+                    ))
+                })?;
+        let found = self.describe_ids(std::slice::from_ref(&id)).await?;
+        let inst = found.found.get(&id).ok_or_else(|| {
+            identity::missing(&format!(
+                "{none}, and EC2 does not know {id}, the instance IMDS names"
+            ))
+        })?;
+        identity::from_tags(&id, inst.tags())?.ok_or_else(|| {
+            identity::missing(&format!(
+                "{none}, and this host's instance {id} has no kubernetes.io/cluster/<id> or KubernetesCluster tag"
+            ))
+        })
     }
 
     /// Runs one SDK operation, recording upstream's metrics, and returns the raw SDK error so
@@ -252,8 +333,23 @@ impl CloudProvider for AwsCloud {
         PROVIDER_NAME
     }
 
-    async fn initialize(&self, _ctx: InitContext) -> CloudResult<()> {
-        self.clients().await.map(|_| ())
+    async fn initialize(&self, ctx: InitContext) -> CloudResult<()> {
+        let _ = self.inner.kube.set(ctx.client);
+        self.clients().await?;
+        let (cluster, source) = match self.cluster() {
+            Some(c) => (c.clone(), "cloud-config"),
+            None => {
+                let c = self.discover_cluster().await?;
+                let source = if self.inner.sources.cluster_name.is_some() {
+                    "--cluster-name"
+                } else {
+                    "instance tags (IMDS)"
+                };
+                (self.inner.cluster.get_or_init(|| c).clone(), source)
+            }
+        };
+        tracing::info!(cluster_id = %cluster.id, legacy_tags = cluster.legacy, source, "cluster id");
+        Ok(())
     }
 
     fn register_metrics(&self, registry: &mut Registry) {

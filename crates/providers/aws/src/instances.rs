@@ -17,7 +17,7 @@ use ccm_cloud::{
 use crate::cloud::{AwsCloud, Known};
 use crate::config::IpFamily;
 use crate::error;
-use crate::providerid::{parse_provider_id, provider_id};
+use crate::providerid::{NodeKind, classify, instance_id_name, provider_id};
 
 /// Instance ids per `DescribeInstances` call (the API's limit for `InstanceIds`).
 pub const MAX_IDS_PER_CALL: usize = 1000;
@@ -35,10 +35,11 @@ pub(crate) const BY_NAME_TTL: Duration = Duration::from_secs(20);
 /// Instance states a Node can belong to (upstream's `aliveFilter`: not terminated).
 const ALIVE: [&str; 5] = ["pending", "running", "shutting-down", "stopping", "stopped"];
 
-/// An instance as a lookup by name (or a VPC listing) saw it, and when.
+/// The instances a lookup by name (or a VPC listing) saw under one private DNS name, and when.
+/// More than one is an error for that name: no guessing which is the Node.
 pub(crate) struct Seen {
     at: Instant,
-    inst: Instance,
+    insts: Vec<Instance>,
 }
 
 /// Lookups queued while another `DescribeInstances` is in flight; the next caller to get the
@@ -53,26 +54,60 @@ pub(crate) struct Pending {
 
 /// The answer to one coalesced lookup.
 pub(crate) struct Found {
-    pub by_id: CloudResult<HashMap<String, Instance>>,
-    pub by_name: CloudResult<HashMap<String, Instance>>,
+    pub by_id: CloudResult<ById>,
+    /// Live instances per private DNS name (more than one: ambiguous).
+    pub by_name: CloudResult<HashMap<String, Vec<Instance>>>,
+}
+
+/// Instances by id, and the ids EC2 answered `InvalidInstanceID.NotFound` for: only those are
+/// known to be gone. An id in neither is unknown (an error for its Node, never "gone").
+#[derive(Default, Clone)]
+pub(crate) struct ById {
+    pub found: HashMap<String, Instance>,
+    pub not_found: BTreeSet<String>,
 }
 
 /// How a Node is found in EC2.
 enum Key {
     Id(String),
     Name(String),
+    /// A Fargate or hybrid Node: no EC2 instance to look up.
+    NotEc2,
     Bad(CloudError),
 }
 
 fn key(node: &Node) -> Key {
     let pid = node_provider_id(node);
     if pid.is_empty() {
-        return Key::Name(node_name(node).to_string());
+        let name = node_name(node);
+        return match instance_id_name(name) {
+            Some(id) => Key::Id(id.to_string()),
+            None => Key::Name(name.to_string()),
+        };
     }
-    match parse_provider_id(pid) {
-        Ok(id) => Key::Id(id.to_string()),
+    match classify(pid) {
+        Ok(NodeKind::Ec2(id)) => Key::Id(id.to_string()),
+        Ok(kind) => {
+            tracing::debug!(
+                node = node_name(node),
+                provider_id = pid,
+                ?kind,
+                "not an EC2 instance; skipped"
+            );
+            Key::NotEc2
+        }
         Err(e) => Key::Bad(e),
     }
+}
+
+/// The error for a Node name more than one live instance of the cluster answers to.
+fn ambiguous(name: &str, insts: &[Instance]) -> CloudError {
+    let ids: Vec<&str> = insts.iter().filter_map(|i| i.instance_id()).collect();
+    CloudError::Permanent(format!(
+        "node {name:?}: {} live instances of the cluster have this private DNS name ({}); set the Node's spec.providerID, or restrict the lookup with VPC / KubernetesClusterID in --cloud-config",
+        ids.len(),
+        ids.join(", ")
+    ))
 }
 
 /// Node addresses of an instance in upstream's order: per address family asked for, IPv4 gives
@@ -133,6 +168,45 @@ pub fn node_addresses(inst: &Instance, families: &[IpFamily]) -> Vec<NodeAddress
 
 fn state(inst: &Instance) -> Option<&InstanceStateName> {
     inst.state().and_then(|s| s.name())
+}
+
+/// What a lookup learned about one Node.
+enum Lookup {
+    /// The instance, as EC2 returned it (terminated included).
+    Instance(Box<Instance>),
+    /// EC2 answered `InvalidInstanceID.NotFound` for the Node's instance id: gone.
+    Gone,
+    /// A Fargate or hybrid Node: no EC2 instance to ask about.
+    NotEc2,
+}
+
+/// One Node's answer. Only EC2's own word about the Node's instance id is "gone"; a name no
+/// instance answers to, or an id EC2 left out without saying, is an error (the Node stays).
+fn resolve(k: Key, found: &Found) -> CloudResult<Lookup> {
+    match k {
+        Key::Id(id) => {
+            let by_id = found.by_id.as_ref().map_err(Clone::clone)?;
+            if let Some(inst) = by_id.found.get(&id) {
+                Ok(Lookup::Instance(Box::new(inst.clone())))
+            } else if by_id.not_found.contains(&id) {
+                Ok(Lookup::Gone)
+            } else {
+                Err(CloudError::Transient(format!(
+                    "DescribeInstances did not answer for {id}; asking again later"
+                )))
+            }
+        }
+        Key::Name(n) => {
+            let by_name = found.by_name.as_ref().map_err(Clone::clone)?;
+            match by_name.get(&n).map(Vec::as_slice) {
+                Some([one]) => Ok(Lookup::Instance(Box::new(one.clone()))),
+                Some(many) if many.len() > 1 => Err(ambiguous(&n, many)),
+                _ => Err(CloudError::InstanceNotFound),
+            }
+        }
+        Key::NotEc2 => Ok(Lookup::NotEc2),
+        Key::Bad(e) => Err(e),
+    }
 }
 
 fn status_of(inst: Option<&Instance>) -> InstanceStatus {
@@ -223,11 +297,8 @@ impl AwsCloud {
 
     /// Instances by id, at most [`MAX_IDS_PER_CALL`] per call. Ids EC2 does not know are left
     /// out (one more call per chunk that has any, since EC2 fails the whole call for them).
-    pub(crate) async fn describe_ids(
-        &self,
-        ids: &[String],
-    ) -> CloudResult<HashMap<String, Instance>> {
-        let mut out = HashMap::new();
+    pub(crate) async fn describe_ids(&self, ids: &[String]) -> CloudResult<ById> {
+        let mut out = ById::default();
         for chunk in ids.chunks(MAX_IDS_PER_CALL) {
             let mut want: Vec<String> = chunk.to_vec();
             want.sort();
@@ -237,7 +308,7 @@ impl AwsCloud {
                     Ok(list) => {
                         for inst in list {
                             if let Some(id) = inst.instance_id() {
-                                out.insert(id.to_string(), inst);
+                                out.found.insert(id.to_string(), inst);
                             }
                         }
                         break;
@@ -251,23 +322,26 @@ impl AwsCloud {
                         if want.len() == before {
                             return Err(error::map("DescribeInstances", e));
                         }
+                        out.not_found
+                            .extend(missing.into_iter().filter(|m| chunk.contains(m)));
                     }
                     Err(e) => return Err(error::map("DescribeInstances", e)),
                 }
             }
         }
-        self.remember(out.values());
+        self.remember(out.found.values());
         Ok(out)
     }
 
-    /// Live instances by private DNS name (upstream's lookup for Nodes without providerID).
-    /// Names seen in the last [`BY_NAME_TTL`] cost nothing; up to 150 others cost one
+    /// Live instances of the cluster by private DNS name (upstream's lookup for Nodes without
+    /// providerID), restricted to the cluster's VPC when known and to its cluster tag. Names
+    /// seen in the last [`BY_NAME_TTL`] cost nothing; up to 150 others cost one
     /// `private-dns-name` call; more than that list the VPC (1,000 instances a page) — after
     /// one name call that tells which VPC when neither the cloud-config nor memory knows.
     pub(crate) async fn describe_names(
         &self,
         names: &[String],
-    ) -> CloudResult<HashMap<String, Instance>> {
+    ) -> CloudResult<HashMap<String, Vec<Instance>>> {
         let mut out = self.seen(names);
         let mut rest: Vec<String> = names
             .iter()
@@ -292,39 +366,44 @@ impl AwsCloud {
         Ok(out)
     }
 
-    /// Remembers which instance each Node name is.
-    fn note_names(&self, found: &HashMap<String, Instance>) {
+    /// Remembers which instance each Node name is (names with exactly one instance).
+    fn note_names(&self, found: &HashMap<String, Vec<Instance>>) {
         let mut mem = self.inner.memory.lock();
-        for (name, inst) in found {
-            if let Some(id) = inst.instance_id() {
+        for (name, insts) in found {
+            if let [inst] = insts.as_slice()
+                && let Some(id) = inst.instance_id()
+            {
                 mem.node_to_instance.insert(name.clone(), id.to_string());
                 mem.instance_to_node.insert(id.to_string(), name.clone());
             }
         }
         drop(mem);
-        self.remember(found.values());
+        self.remember(found.values().flatten());
     }
 
     /// The instances seen by name in the last [`BY_NAME_TTL`] for `names`; older ones are
     /// dropped.
-    fn seen(&self, names: &[String]) -> HashMap<String, Instance> {
+    fn seen(&self, names: &[String]) -> HashMap<String, Vec<Instance>> {
         let mut mem = self.inner.memory.lock();
         mem.by_name.retain(|_, s| s.at.elapsed() < BY_NAME_TTL);
         names
             .iter()
-            .filter_map(|n| mem.by_name.get(n).map(|s| (n.clone(), s.inst.clone())))
+            .filter_map(|n| mem.by_name.get(n).map(|s| (n.clone(), s.insts.clone())))
             .collect()
     }
 
-    /// Keeps what a call just returned for lookups by name.
-    fn saw<'a>(&self, insts: impl Iterator<Item = &'a Instance>) {
+    /// Keeps what one call just returned for lookups by name, grouped by private DNS name.
+    fn saw(&self, insts: &[Instance]) {
         let at = Instant::now();
-        let mut mem = self.inner.memory.lock();
+        let mut grouped: HashMap<&str, Vec<Instance>> = HashMap::new();
         for inst in insts {
             if let Some(dns) = inst.private_dns_name().filter(|d| !d.is_empty()) {
-                let inst = inst.clone();
-                mem.by_name.insert(dns.to_string(), Seen { at, inst });
+                grouped.entry(dns).or_default().push(inst.clone());
             }
+        }
+        let mut mem = self.inner.memory.lock();
+        for (dns, insts) in grouped {
+            mem.by_name.insert(dns.to_string(), Seen { at, insts });
         }
     }
 
@@ -335,42 +414,61 @@ impl AwsCloud {
             .build()
     }
 
+    /// Filters that keep a lookup by name inside the cluster: its VPC when known, and its
+    /// cluster tag when the cluster id is known (upstream's `tagging.addFilters`).
+    fn cluster_filters(&self) -> Vec<Filter> {
+        let mut out = vec![Self::alive()];
+        if let Some(vpc) = self.known_vpc() {
+            out.push(Filter::builder().name("vpc-id").values(vpc).build());
+        }
+        if let Some(c) = self.cluster() {
+            out.push(c.filter());
+        }
+        out
+    }
+
     /// One `private-dns-name` filter per 150 names.
     async fn describe_by_dns_name(
         &self,
         names: &[String],
-    ) -> CloudResult<HashMap<String, Instance>> {
+    ) -> CloudResult<HashMap<String, Vec<Instance>>> {
         let wanted: BTreeSet<&str> = names.iter().map(String::as_str).collect();
-        let mut out = HashMap::new();
+        let mut out: HashMap<String, Vec<Instance>> = HashMap::new();
         for chunk in names.chunks(MAX_FILTER_VALUES) {
             let by_name = Filter::builder()
                 .name("private-dns-name")
                 .set_values(Some(chunk.to_vec()))
                 .build();
+            let mut filters = self.cluster_filters();
+            filters.push(by_name);
             let list = self
-                .describe_pages(None, Some(vec![by_name, Self::alive()]))
+                .describe_pages(None, Some(filters))
                 .await
                 .map_err(|e| error::map("DescribeInstances", e))?;
             self.remember(list.iter());
-            self.saw(list.iter());
+            self.saw(&list);
             for inst in list {
                 if let Some(dns) = inst.private_dns_name().filter(|d| wanted.contains(d)) {
-                    out.insert(dns.to_string(), inst);
+                    out.entry(dns.to_string()).or_default().push(inst);
                 }
             }
         }
         Ok(out)
     }
 
-    /// Lists every live instance of `vpc`, kept for lookups by name for [`BY_NAME_TTL`].
+    /// Lists every live instance of the cluster in `vpc`, kept for lookups by name for
+    /// [`BY_NAME_TTL`].
     async fn list_vpc(&self, vpc: &str) -> CloudResult<()> {
-        let in_vpc = Filter::builder().name("vpc-id").values(vpc).build();
+        let mut filters = self.cluster_filters();
+        if self.inner.cfg.vpc.is_none() && self.known_vpc().as_deref() != Some(vpc) {
+            filters.push(Filter::builder().name("vpc-id").values(vpc).build());
+        }
         let list = self
-            .describe_pages(None, Some(vec![in_vpc, Self::alive()]))
+            .describe_pages(None, Some(filters))
             .await
             .map_err(|e| error::map("DescribeInstances", e))?;
         self.remember(list.iter());
-        self.saw(list.iter());
+        self.saw(&list);
         Ok(())
     }
 
@@ -406,7 +504,7 @@ impl AwsCloud {
         if ids.is_empty() && !names.is_empty() && hit.len() == names.len() {
             self.note_names(&hit);
             return Arc::new(Found {
-                by_id: Ok(HashMap::new()),
+                by_id: Ok(ById::default()),
                 by_name: Ok(hit),
             });
         }
@@ -428,7 +526,7 @@ impl AwsCloud {
         let names: Vec<String> = batch.names.into_iter().collect();
         let found = Arc::new(Found {
             by_id: if ids.is_empty() {
-                Ok(HashMap::new())
+                Ok(ById::default())
             } else {
                 self.describe_ids(&ids).await
             },
@@ -445,25 +543,52 @@ impl AwsCloud {
         rx.await.unwrap_or(found)
     }
 
-    /// Instances by id through the shared batcher ([`AwsCloud::coalesced`]).
+    /// Instances by id through the shared batcher ([`AwsCloud::coalesced`]); ids EC2 does not
+    /// know are left out.
     pub(crate) async fn instances_by_id(
         &self,
         ids: Vec<String>,
     ) -> CloudResult<HashMap<String, Instance>> {
-        self.coalesced(ids, Vec::new()).await.by_id.clone()
+        self.coalesced(ids, Vec::new())
+            .await
+            .by_id
+            .clone()
+            .map(|b| b.found)
     }
 
-    /// Live instances by Node name (private DNS name) through the shared batcher.
+    /// Live instances of the cluster by Node name (private DNS name) through the shared
+    /// batcher. A name more than one instance answers to is left out (callers that must tell
+    /// the user use [`AwsCloud::instance_by_name`]).
     pub(crate) async fn instances_by_name(
         &self,
         names: Vec<String>,
     ) -> CloudResult<HashMap<String, Instance>> {
-        self.coalesced(Vec::new(), names).await.by_name.clone()
+        let found = self.coalesced(Vec::new(), names).await;
+        let by_name = found.by_name.as_ref().map_err(Clone::clone)?;
+        Ok(by_name
+            .iter()
+            .filter_map(|(n, insts)| match insts.as_slice() {
+                [one] => Some((n.clone(), one.clone())),
+                _ => None,
+            })
+            .collect())
     }
 
-    /// The instance behind each Node (`Ok(None)`: no such instance), in two calls at most per
-    /// 1,000 Nodes: one by id for Nodes with a providerID, one by name for the rest.
-    async fn lookup(&self, nodes: &[Node]) -> Vec<CloudResult<Option<Instance>>> {
+    /// The one live instance of the cluster named `name`: `Ok(None)` for none, an error naming
+    /// the instances for several.
+    pub(crate) async fn instance_by_name(&self, name: &str) -> CloudResult<Option<Instance>> {
+        let found = self.coalesced(Vec::new(), vec![name.to_string()]).await;
+        let by_name = found.by_name.as_ref().map_err(Clone::clone)?;
+        match by_name.get(name).map(Vec::as_slice) {
+            None | Some([]) => Ok(None),
+            Some([one]) => Ok(Some(one.clone())),
+            Some(many) => Err(ambiguous(name, many)),
+        }
+    }
+
+    /// The instance behind each Node, in two calls at most per 1,000 Nodes: one by id for
+    /// Nodes with a providerID (or an instance-id name), one by name for the rest.
+    async fn lookup(&self, nodes: &[Node]) -> Vec<CloudResult<Lookup>> {
         let keys: Vec<Key> = nodes.iter().map(key).collect();
         let ids: Vec<String> = keys
             .iter()
@@ -479,32 +604,32 @@ impl AwsCloud {
                 _ => None,
             })
             .collect();
-        let found = self.coalesced(ids, names).await;
-        let (by_id, by_name) = (&found.by_id, &found.by_name);
+        let found = if ids.is_empty() && names.is_empty() {
+            Arc::new(Found {
+                by_id: Ok(ById::default()),
+                by_name: Ok(HashMap::new()),
+            })
+        } else {
+            self.coalesced(ids, names).await
+        };
         {
             let mut mem = self.inner.memory.lock();
             for (node, k) in nodes.iter().zip(&keys) {
-                if let Key::Id(id) = k {
-                    mem.node_to_instance
-                        .insert(node_name(node).to_string(), id.clone());
-                    mem.instance_to_node
-                        .insert(id.clone(), node_name(node).to_string());
+                match k {
+                    Key::Id(id) => {
+                        mem.node_to_instance
+                            .insert(node_name(node).to_string(), id.clone());
+                        mem.instance_to_node
+                            .insert(id.clone(), node_name(node).to_string());
+                    }
+                    Key::NotEc2 => {
+                        mem.not_ec2.insert(node_name(node).to_string());
+                    }
+                    _ => {}
                 }
             }
         }
-        keys.into_iter()
-            .map(|k| match k {
-                Key::Id(id) => by_id
-                    .as_ref()
-                    .map(|m| m.get(&id).cloned())
-                    .map_err(Clone::clone),
-                Key::Name(n) => by_name
-                    .as_ref()
-                    .map(|m| m.get(&n).cloned())
-                    .map_err(Clone::clone),
-                Key::Bad(e) => Err(e),
-            })
-            .collect()
+        keys.into_iter().map(|k| resolve(k, &found)).collect()
     }
 
     /// Zone ids for the zones of `insts` that the instances themselves do not carry: one
@@ -600,7 +725,10 @@ impl Instances for AwsCloud {
         let found = self.lookup(nodes).await;
         let live: Vec<&Instance> = found
             .iter()
-            .filter_map(|r| r.as_ref().ok().and_then(Option::as_ref))
+            .filter_map(|r| match r {
+                Ok(Lookup::Instance(i)) => Some(&**i),
+                _ => None,
+            })
             .collect();
         let region = match self.clients().await {
             Ok(c) => c.region.clone(),
@@ -613,9 +741,12 @@ impl Instances for AwsCloud {
         found
             .into_iter()
             .map(|r| match r? {
-                Some(inst) if status_of(Some(&inst)).exists => {
+                Lookup::Instance(inst) if status_of(Some(&inst)).exists => {
                     Ok(Some(self.metadata(&inst, &region, &zone_ids)))
                 }
+                // Fargate and hybrid Nodes: nothing to initialize from EC2 (the controller
+                // logs it at info level and leaves the Node alone).
+                Lookup::NotEc2 => Ok(None),
                 _ => Err(CloudError::InstanceNotFound),
             })
             .collect()
@@ -625,7 +756,17 @@ impl Instances for AwsCloud {
         self.lookup(nodes)
             .await
             .into_iter()
-            .map(|r| r.map(|inst| status_of(inst.as_ref())))
+            .map(|r| {
+                r.map(|l| match l {
+                    Lookup::Instance(inst) => status_of(Some(&inst)),
+                    Lookup::Gone => status_of(None),
+                    // Never deleted on a guess: no EC2 instance to say it is gone.
+                    Lookup::NotEc2 => InstanceStatus {
+                        exists: true,
+                        shutdown: false,
+                    },
+                })
+            })
             .collect()
     }
 

@@ -213,7 +213,9 @@ fn describe_instances(s: &State, f: &HashMap<String, String>) -> (u16, String) {
         let whole_vpc = vpcs.iter().any(|v| v == "vpc-1");
         s.fleet
             .iter()
-            .filter(|x| whole_vpc || names.contains(&dns(x.n)))
+            .filter(|x| {
+                (names.is_empty() || names.contains(&dns(x.n))) && (vpcs.is_empty() || whole_vpc)
+            })
             .cloned()
             .collect()
     };
@@ -551,4 +553,36 @@ fn route_tables_are_read_to_the_last_page() {
         1,
         "instance → node names in one call"
     );
+}
+
+#[test]
+fn only_ec2s_word_about_an_instance_id_makes_a_node_gone() {
+    let fake = fleet(2, |_| "running");
+    let cloud = provider(&fake);
+    // No instance answers to this name: doubt, never "gone" (its Node would be deleted).
+    let ghost = node("ip-10-9-9-9.ec2.internal", None);
+    let status = rt().block_on(cloud.instances_status(&[ghost.clone(), with_pid(0)]));
+    assert!(status[0].is_err(), "unresolvable name: {:?}", status[0]);
+    assert!(status[1].as_ref().expect("the other Node").exists);
+    assert!(rt().block_on(cloud.instance_exists(&ghost)).is_err());
+    // A Node named by instance id (resource-based hostname): looked up by id, and EC2's
+    // InvalidInstanceID.NotFound for it is the authoritative "gone".
+    let named_by_id = node(&id(1), None);
+    let gone = node("i-0ffffffffffffffff", None);
+    let status = rt().block_on(cloud.instances_status(&[named_by_id, gone]));
+    assert!(status[0].as_ref().expect("found by id").exists);
+    assert!(!status[1].as_ref().expect("EC2 said NotFound").exists);
+    // Fargate and hybrid Nodes: no EC2 call, never gone, nothing to initialize.
+    let before = fake.calls("DescribeInstances");
+    let fargate = node(
+        "fargate-ip-10-0-1-7.ec2.internal",
+        Some("aws:///us-east-1a/fargate-ip-10-0-1-7.ec2.internal".into()),
+    );
+    let hybrid = node("edge-1", Some("eks-hybrid:///us-east-1/prod/edge-1".into()));
+    let status = rt().block_on(cloud.instances_status(&[fargate.clone(), hybrid]));
+    assert!(status.iter().all(|s| s.as_ref().is_ok_and(|s| s.exists)));
+    let meta = rt().block_on(cloud.instances_metadata(&[fargate, with_pid(0)]));
+    assert!(matches!(meta[0], Ok(None)), "{:?}", meta[0]);
+    assert!(matches!(meta[1], Ok(Some(_))), "the EC2 Node beside it");
+    assert_eq!(fake.calls("DescribeInstances"), before + 1);
 }

@@ -1,7 +1,10 @@
 //! Pod-CIDR routes in the cluster's VPC route tables: the tables tagged
-//! `kubernetes.io/cluster/<cluster id>` (owned or shared), or those named in the cloud-config.
-//! Routes target instances; upstream names them `<cluster>-<cidr>`. Creating a route turns off
-//! the target's source/dest check (once per instance: the provider remembers it).
+//! `kubernetes.io/cluster/<cluster id>` (owned or shared) or with the legacy
+//! `KubernetesCluster=<cluster id>`, or those named in the cloud-config. Routes target
+//! instances; upstream names them `<cluster>-<cidr>`. Creating a route turns off the target's
+//! source/dest check (once per instance: the provider remembers it). Which Node a route's
+//! instance is comes from memory, else — after a restart — from one listing of the Nodes
+//! (providerIDs and instance-id names), else from the instance's private DNS name.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -11,9 +14,11 @@ use ccm_cloud::{CloudError, CloudResult, Route, Routes};
 
 use crate::cloud::AwsCloud;
 use crate::error;
+use crate::identity::{ClusterId, LEGACY_CLUSTER_TAG};
+use crate::providerid::{NodeKind, classify, instance_id_name};
 
 /// The cluster ownership tag key prefix (upstream `TagNameKubernetesClusterPrefix`).
-pub const CLUSTER_TAG_PREFIX: &str = "kubernetes.io/cluster/";
+pub const CLUSTER_TAG_PREFIX: &str = crate::identity::CLUSTER_TAG_PREFIX;
 
 /// One destination in one table: its target instance, or a blackhole.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,10 +70,17 @@ impl AwsCloud {
         let ec2 = self.clients().await?.ec2.clone();
         let cfg = &self.inner.cfg;
         let id = self.cluster_id(cluster);
+        let owner = self.cluster().cloned().unwrap_or_else(|| ClusterId {
+            id: id.to_string(),
+            legacy: false,
+        });
+        // Either tag marks the cluster's tables: one call for both keys, the legacy tag's value
+        // checked here.
         let filter = if cfg.route_table_id.is_empty() {
             Filter::builder()
                 .name("tag-key")
                 .values(format!("{CLUSTER_TAG_PREFIX}{id}"))
+                .values(LEGACY_CLUSTER_TAG)
                 .build()
         } else {
             Filter::builder()
@@ -88,7 +100,12 @@ impl AwsCloud {
                         .send(),
                 )
                 .await?;
-            tables.extend(page.route_tables().iter().cloned());
+            tables.extend(
+                page.route_tables()
+                    .iter()
+                    .filter(|t| !cfg.route_table_id.is_empty() || owner.owns_table(t.tags()))
+                    .cloned(),
+            );
             match page.next_token() {
                 Some(t) if !t.is_empty() => token = Some(t.to_string()),
                 _ => break,
@@ -96,7 +113,7 @@ impl AwsCloud {
         }
         if tables.is_empty() {
             return Err(CloudError::Permanent(format!(
-                "no route table tagged {CLUSTER_TAG_PREFIX}{id} (owned or shared): tag the cluster's route table, or set route_table_id in --cloud-config"
+                "no route table tagged {CLUSTER_TAG_PREFIX}{id} (owned or shared) or {LEGACY_CLUSTER_TAG}={id}: tag the cluster's route table, or set RouteTableID in --cloud-config"
             )));
         }
         let ids = tables
@@ -127,9 +144,17 @@ impl AwsCloud {
             .unwrap_or_default())
     }
 
-    /// Node names of instances, from memory, else from one `DescribeInstances` (private DNS
-    /// name). Instances that are gone map to nothing.
+    /// Node names of instances, from memory, else (once, after a restart) from the Nodes'
+    /// providerIDs and instance-id names, else from one `DescribeInstances` (private DNS name).
+    /// Instances that are gone map to nothing.
     async fn node_names(&self, ids: Vec<String>) -> CloudResult<HashMap<String, String>> {
+        let any_unknown = {
+            let mem = self.inner.memory.lock();
+            ids.iter().any(|id| !mem.instance_to_node.contains_key(id))
+        };
+        if any_unknown {
+            self.learn_from_nodes().await;
+        }
         let unknown: Vec<String> = {
             let mem = self.inner.memory.lock();
             ids.iter()
@@ -156,20 +181,77 @@ impl AwsCloud {
             .collect())
     }
 
-    async fn instance_for_node(&self, node: &str) -> CloudResult<String> {
-        if let Some(id) = self.inner.memory.lock().node_to_instance.get(node) {
-            return Ok(id.clone());
+    /// Maps instances to Nodes from one listing of the Nodes, the first time a route's
+    /// instance is unknown (a restarted CCM): by providerID, and by instance-id Node names.
+    /// Fargate and hybrid Nodes are remembered as such. Without a Kubernetes client (a provider
+    /// never initialized) or when the listing fails, the private-DNS fallback remains.
+    async fn learn_from_nodes(&self) {
+        let Some(client) = self.inner.kube.get().cloned() else {
+            return;
+        };
+        if self
+            .inner
+            .nodes_listed
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        let api = kube::Api::<ccm_cloud::Node>::all(client);
+        let list = match api.list(&kube::api::ListParams::default()).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing Nodes to map route targets failed; using private DNS names");
+                self.inner
+                    .nodes_listed
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+                return;
+            }
+        };
+        let mut mem = self.inner.memory.lock();
+        for node in &list.items {
+            let name = ccm_cloud::node_name(node).to_string();
+            let pid = ccm_cloud::node_provider_id(node);
+            let id = match classify(pid) {
+                _ if pid.is_empty() => instance_id_name(&name).map(String::from),
+                Ok(NodeKind::Ec2(id)) => Some(id.to_string()),
+                Ok(_) => {
+                    mem.not_ec2.insert(name.clone());
+                    None
+                }
+                Err(_) => None,
+            };
+            if let Some(id) = id {
+                mem.node_to_instance.insert(name.clone(), id.clone());
+                mem.instance_to_node.insert(id, name);
+            }
+        }
+    }
+
+    /// The instance a route to `node` targets: from memory, the Node's instance-id name, or the
+    /// one live instance of the cluster with that private DNS name. `Ok(None)`: a Fargate or
+    /// hybrid Node, which has no instance to route to.
+    async fn instance_for_node(&self, node: &str) -> CloudResult<Option<String>> {
+        {
+            let mem = self.inner.memory.lock();
+            if let Some(id) = mem.node_to_instance.get(node) {
+                return Ok(Some(id.clone()));
+            }
+            if mem.not_ec2.contains(node) {
+                return Ok(None);
+            }
+        }
+        if let Some(id) = instance_id_name(node) {
+            return Ok(Some(id.to_string()));
         }
         // Through the shared batcher: a burst's route creations share the lookups (and the VPC
         // listing) of the cloud-node and service controllers.
-        self.instances_by_name(vec![node.to_string()])
+        self.instance_by_name(node)
             .await?
-            .get(node)
-            .and_then(|i| i.instance_id())
-            .map(String::from)
+            .and_then(|i| i.instance_id().map(String::from))
+            .map(Some)
             .ok_or_else(|| {
                 CloudError::Permanent(format!(
-                    "no live EC2 instance for node {node:?} (looked up by private DNS name)"
+                    "no live EC2 instance of the cluster for node {node:?} (looked up by private DNS name)"
                 ))
             })
     }
@@ -271,7 +353,10 @@ impl Routes for AwsCloud {
         _name_hint: &str,
         route: &Route,
     ) -> CloudResult<()> {
-        let instance = self.instance_for_node(&route.target_node).await?;
+        let Some(instance) = self.instance_for_node(&route.target_node).await? else {
+            tracing::info!(node = %route.target_node, cidr = %route.destination_cidr, "Fargate or hybrid node: no EC2 instance to route to; skipped");
+            return Ok(());
+        };
         self.disable_source_dest_check(&instance).await?;
         for table in self.table_ids(cluster).await? {
             self.put_route(&table, &route.destination_cidr, &instance)

@@ -99,8 +99,9 @@ async fn child() -> anyhow::Result<()> {
 }
 
 fn provider_from_cloud_config(moto: &str) -> anyhow::Result<Arc<dyn CloudProvider>> {
-    let mut toml =
-        String::from("region = \"us-east-1\"\nrole_arn = \"arn:aws:iam::123456789012:role/ccm\"\n");
+    let mut toml = String::from(
+        "region = \"us-east-1\"\nkubernetes_cluster_id = \"ccmtest\"\nrole_arn = \"arn:aws:iam::123456789012:role/ccm\"\n",
+    );
     for service in [
         "ec2",
         "elasticloadbalancing",

@@ -49,6 +49,23 @@ pub struct BmcOptions {
     pub concurrency: Option<usize>,
     /// Per-request timeout in milliseconds (default 5000).
     pub timeout_ms: Option<u64>,
+    /// What `metal://<id>` names: the machine `name` (default), or its System's `uuid` or
+    /// `serial` as the BMC reports it (machines without a BMC keep their name).
+    #[serde(default)]
+    pub provider_id: ProviderIdFrom,
+}
+
+/// Where a Node's providerID comes from.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderIdFrom {
+    /// The inventory name.
+    #[default]
+    Name,
+    /// The System's `UUID` (lower case).
+    Uuid,
+    /// The System's `SerialNumber`.
+    Serial,
 }
 
 /// `[load_balancer]`: how assigned addresses are published.
@@ -105,10 +122,20 @@ pub struct BmcConfig {
     /// Accept any certificate (self-signed BMCs on a trusted management network only).
     #[serde(default)]
     pub insecure_skip_verify: bool,
-    /// The System: a Redfish id (`1`, a UUID) or a path (`/redfish/v1/Systems/1`); `{name}` is
-    /// replaced by the node name. Default `{name}`.
+    /// The System: a member id of the BMC's Systems collection (`System.Embedded.1` on iDRAC,
+    /// `1` on iLO / XCC / Supermicro) or its path (`/redfish/v1/Systems/1`); `{name}` is
+    /// replaced by the node name. Unset (and no `system_uuid` / `system_serial`): the
+    /// collection's only member.
     pub system: Option<String>,
-    /// User name for HTTP basic auth.
+    /// Find the System as the collection member whose `UUID` is this (case-insensitive).
+    pub system_uuid: Option<String>,
+    /// Find the System as the collection member whose `SerialNumber` is this.
+    pub system_serial: Option<String>,
+    /// `basic` (default: HTTP basic auth on every request) or `session` (one Redfish session
+    /// per BMC and user, its `X-Auth-Token` reused until the BMC refuses it).
+    #[serde(default)]
+    pub auth: BmcAuth,
+    /// User name for HTTP basic auth or the Redfish session.
     pub username: Option<String>,
     /// File holding the password (e.g. a mounted Secret key); read at each request, never
     /// logged.
@@ -116,6 +143,17 @@ pub struct BmcConfig {
     /// `namespace/name` of a Secret with keys `password` and (optionally) `username`; read
     /// through the API at each request. Needs `get` on that Secret.
     pub credentials_secret: Option<String>,
+}
+
+/// How ccm-rs authenticates to a BMC.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BmcAuth {
+    /// `Authorization: Basic` on every request.
+    #[default]
+    Basic,
+    /// A Redfish session (`POST /redfish/v1/SessionService/Sessions`), its token reused.
+    Session,
 }
 
 /// `[[pools]]`: an address pool for LoadBalancer Services.
@@ -132,6 +170,10 @@ pub struct PoolConfig {
     /// Never hand out IPv4 addresses ending in `.0` or `.255` (some clients drop them).
     #[serde(default)]
     pub avoid_buggy_ips: bool,
+    /// Also hand out the network address (and, IPv4, the broadcast address) of CIDR entries;
+    /// by default they are skipped, as hosts on the subnet treat them specially.
+    #[serde(default)]
+    pub use_network_and_broadcast: bool,
     /// Only Services in these namespaces (empty: all).
     #[serde(default)]
     pub namespaces: Vec<String>,
@@ -200,6 +242,8 @@ pub struct MetalConfig {
     pub bmc_concurrency: usize,
     /// BMC request timeout.
     pub bmc_timeout: Duration,
+    /// What providerIDs name.
+    pub provider_id_from: ProviderIdFrom,
     /// Routes, if enabled.
     pub routes: Option<RoutesSettings>,
     /// Write `kube-vip.io/loadbalancerIPs` after assigning.
@@ -245,7 +289,6 @@ impl MetalConfig {
                 exact.push(machine);
             }
         }
-        exact.extend(patterns);
         let mut pools: Vec<Pool> = Vec::new();
         for (i, p) in file.pools.into_iter().enumerate() {
             let pool = check_pool(i, p)?;
@@ -255,8 +298,11 @@ impl MetalConfig {
                     format!("a unique pool name; {:?} appears twice", pool.name),
                 ));
             }
+            check_overlaps(i, &pool, &pools)?;
+            check_node_addresses(i, &pool, &exact)?;
             pools.push(pool);
         }
+        exact.extend(patterns);
         let bmc_concurrency = file.bmc.concurrency.unwrap_or(DEFAULT_BMC_CONCURRENCY);
         if bmc_concurrency == 0 {
             return Err(ConfigError::field(
@@ -287,10 +333,50 @@ impl MetalConfig {
             pools,
             bmc_concurrency,
             bmc_timeout,
+            provider_id_from: file.bmc.provider_id,
             routes,
             kube_vip_annotation: file.load_balancer.kube_vip_annotation,
         })
     }
+}
+
+/// A pool sharing an address with another (or two entries of one pool overlapping) would
+/// hand one address out twice under different rules.
+fn check_overlaps(i: usize, pool: &Pool, before: &[Pool]) -> Result<(), ConfigError> {
+    for (k, r) in pool.ranges.iter().enumerate() {
+        let earlier_own = pool.ranges[..k].iter().map(|q| (&pool.name, q));
+        let others = before
+            .iter()
+            .flat_map(|p| p.ranges.iter().map(move |q| (&p.name, q)));
+        if let Some((name, q)) = earlier_own.chain(others).find(|(_, q)| q.overlaps(r)) {
+            return Err(ConfigError::field(
+                format!("pools[{i}].addresses[{k}]"),
+                format!("addresses no other pool has; {r} overlaps {q} of pool {name:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A node's own address handed to a Service would take the node off the network.
+fn check_node_addresses(i: usize, pool: &Pool, machines: &[Machine]) -> Result<(), ConfigError> {
+    for m in machines {
+        for a in &m.addresses {
+            let Ok(ip) = a.address.parse::<IpAddr>() else {
+                continue;
+            };
+            if let Some(k) = pool.ranges.iter().position(|r| r.contains(ip)) {
+                return Err(ConfigError::field(
+                    format!("pools[{i}].addresses[{k}]"),
+                    format!(
+                        "addresses no node uses; it contains {ip}, an address of machine {:?}",
+                        m.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn check_routes(r: &RoutesSettings) -> Result<(), ConfigError> {
@@ -389,6 +475,22 @@ fn check_bmc(i: usize, bmc: &BmcConfig) -> Result<(), ConfigError> {
     if uri.host().is_none() {
         return Err(ConfigError::field(&field, "a URL with a host"));
     }
+    let selectors = [&bmc.system, &bmc.system_uuid, &bmc.system_serial]
+        .iter()
+        .filter(|s| s.is_some())
+        .count();
+    if selectors > 1 {
+        return Err(ConfigError::field(
+            format!("machines[{i}].bmc.system"),
+            "one of system, system_uuid or system_serial, not several",
+        ));
+    }
+    if bmc.auth == BmcAuth::Session && bmc.username.is_none() && bmc.credentials_secret.is_none() {
+        return Err(ConfigError::field(
+            format!("machines[{i}].bmc.auth"),
+            "auth = \"session\" needs a username (with password_file) or credentials_secret",
+        ));
+    }
     if let Some(ca) = &bmc.ca_file {
         crate::tls::client_config(Some(ca), false)
             .map_err(|e| ConfigError::field(format!("machines[{i}].bmc.ca_file"), e))?;
@@ -443,6 +545,7 @@ fn check_pool(i: usize, p: PoolConfig) -> Result<Pool, ConfigError> {
         ranges,
         auto_assign: p.auto_assign,
         avoid_buggy_ips: p.avoid_buggy_ips,
+        use_network_and_broadcast: p.use_network_and_broadcast,
         namespaces: p.namespaces,
         service_selector: p.service_selector,
     })
@@ -517,6 +620,28 @@ mod tests {
         let err = MetalConfig::parse("[[machines]]\nname = \"a\"\n[[machines]]\nname = \"a\"\n")
             .expect_err("dup");
         assert!(err.to_string().contains("appears twice"), "{err}");
+    }
+
+    #[test]
+    fn overlapping_pools_and_pools_with_node_addresses_are_refused() {
+        let err = MetalConfig::parse(
+            "[[pools]]\nname = \"a\"\naddresses = [\"10.0.0.0/28\"]\n[[pools]]\nname = \"b\"\naddresses = [\"10.0.1.0/28\", \"10.0.0.8-10.0.0.20\"]\n",
+        )
+        .expect_err("overlap");
+        assert_eq!(err.field.as_deref(), Some("pools[1].addresses[1]"), "{err}");
+        assert!(err.to_string().contains("\"a\""), "{err}");
+        let err = MetalConfig::parse(
+            "[[machines]]\nname = \"n1\"\ninternal_ips = [\"192.0.2.7\"]\n[[pools]]\nname = \"lb\"\naddresses = [\"192.0.2.0/28\"]\n",
+        )
+        .expect_err("node address");
+        assert!(
+            err.to_string().contains("192.0.2.7") && err.to_string().contains("n1"),
+            "{err}"
+        );
+        MetalConfig::parse(
+            "[[pools]]\nname = \"a\"\naddresses = [\"10.0.0.0/28\"]\n[[pools]]\nname = \"b\"\naddresses = [\"10.0.0.16/28\", \"fd00::/120\"]\n",
+        )
+        .expect("adjacent pools are fine");
     }
 
     #[test]

@@ -9,19 +9,23 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
-use crate::config::Machine;
+use crate::config::{BmcConfig, Machine, ProviderIdFrom};
 use crate::provider::{MetalCloud, PROVIDER_NAME, provider_id};
-use crate::redfish::{BmcError, Power};
+use crate::redfish::{Lookup, Power, System};
 
 impl MetalCloud {
-    /// The machine name for `node`: from `metal://<machine>` if set, else the node name. A
-    /// providerID of another provider is an error, not a lookup by name.
-    fn machine_name(node: &Node) -> CloudResult<String> {
+    /// The machine name for `node`: from `metal://<machine>` if set (and providerIDs are
+    /// names), else the node name. A providerID of another provider is an error, not a
+    /// lookup by name.
+    fn machine_name(&self, node: &Node) -> CloudResult<String> {
         let pid = node_provider_id(node);
         if pid.is_empty() {
             return Ok(node_name(node).to_string());
         }
         match pid.strip_prefix(&format!("{PROVIDER_NAME}://")) {
+            Some(_) if self.config().provider_id_from != ProviderIdFrom::Name => {
+                Ok(node_name(node).to_string())
+            }
             Some(name) if !name.is_empty() => Ok(name.to_string()),
             _ => Err(CloudError::Permanent(format!(
                 "node {} has providerID {pid:?}, not metal://<machine>",
@@ -31,7 +35,7 @@ impl MetalCloud {
     }
 
     fn lookup(&self, node: &Node) -> CloudResult<Option<(String, Machine)>> {
-        let name = Self::machine_name(node)?;
+        let name = self.machine_name(node)?;
         let config = self.config();
         Ok(config.machine(&name).cloned().map(|m| (name, m)))
     }
@@ -49,6 +53,31 @@ impl MetalCloud {
                 shutdown: false,
             });
         };
+        match self.system(&name, bmc).await {
+            Ok(Lookup::Found(system)) => {
+                // A swapped machine under the same name is not silently the Node's.
+                if let Some(id) = self.identity_of(&system) {
+                    self.check_same_machine(node, &name, &id).await?;
+                }
+                Ok(InstanceStatus {
+                    exists: true,
+                    shutdown: system.power == Power::Off,
+                })
+            }
+            Ok(Lookup::Gone { offered }) => {
+                tracing::warn!(machine = %name, ?offered, "the BMC no longer lists the machine's System: instance gone");
+                Ok(InstanceStatus {
+                    exists: false,
+                    shutdown: false,
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The machine's System, with its credentials. Never "gone" on a failure: a Node must
+    /// not be deleted because a BMC did not answer.
+    async fn system(&self, name: &str, bmc: &BmcConfig) -> CloudResult<Lookup> {
         let credentials = match &bmc.credentials_secret {
             Some(secret) => Some(
                 self.bmc_credentials(secret, bmc.username.as_deref())
@@ -56,28 +85,136 @@ impl MetalCloud {
             ),
             None => None,
         };
-        match self.inner.redfish.power_as(bmc, &name, credentials).await {
-            Ok(Power::On) => Ok(InstanceStatus {
-                exists: true,
-                shutdown: false,
-            }),
-            Ok(Power::Off) => Ok(InstanceStatus {
-                exists: true,
-                shutdown: true,
-            }),
-            Ok(Power::NoSuchSystem) => Ok(InstanceStatus {
-                exists: false,
-                shutdown: false,
-            }),
-            // Never "gone": a Node must not be deleted because a BMC did not answer.
-            Err(e @ BmcError::Timeout { .. }) | Err(e @ BmcError::Failed { .. }) => {
-                Err(CloudError::Transient(format!("machine {name}: {e}")))
-            }
+        self.inner
+            .redfish
+            .lookup(bmc, name, credentials)
+            .await
+            .map_err(|e| CloudError::Transient(format!("machine {name}: {e}")))
+    }
+
+    /// The System's identity the config makes providerIDs of (`None`: the name).
+    fn identity_of(&self, system: &System) -> Option<String> {
+        match self.config().provider_id_from {
+            ProviderIdFrom::Name => None,
+            ProviderIdFrom::Uuid => Some(system.uuid.clone().unwrap_or_default().to_lowercase()),
+            ProviderIdFrom::Serial => Some(system.serial.clone().unwrap_or_default()),
+        }
+    }
+
+    /// The providerID of machine `name`: its name, or its System's UUID / serial.
+    async fn machine_provider_id(&self, name: &str, m: &Machine) -> CloudResult<String> {
+        let from = self.config().provider_id_from;
+        let Some(bmc) = m.bmc.as_ref().filter(|_| from != ProviderIdFrom::Name) else {
+            return Ok(provider_id(name));
+        };
+        match self.system(name, bmc).await? {
+            Lookup::Found(system) => match self.identity_of(&system) {
+                Some(id) if !id.is_empty() => Ok(provider_id(&id)),
+                _ => Err(CloudError::Permanent(format!(
+                    "machine {name}: the BMC reports no {from:?} for System {}; set [bmc] provider_id = \"name\"",
+                    system.path
+                ))),
+            },
+            Lookup::Gone { .. } => Err(CloudError::InstanceNotFound),
         }
     }
 }
 
 impl MetalCloud {
+    /// A Node already bound to another machine than the one its name now maps to is an error
+    /// (a swapped or re-cabled machine), never a silent re-bind; one Warning Event on the Node
+    /// per new identity.
+    async fn check_same_machine(&self, node: &Node, name: &str, id: &str) -> CloudResult<()> {
+        let have = node_provider_id(node);
+        let want = provider_id(id);
+        if have.is_empty() || have == want {
+            return Ok(());
+        }
+        let node_name = node_name(node).to_string();
+        let message = format!(
+            "node {node_name} is {have} but machine {name}'s System is now {want}: a different machine answers under this name; delete the Node (or fix the inventory) to bind it to the new machine"
+        );
+        let first = self
+            .inner
+            .swaps_reported
+            .lock()
+            .insert((node_name.clone(), want));
+        if first
+            && let Err(e) = self
+                .warn(
+                    "default",
+                    "Node",
+                    &node_name,
+                    "MachineIdentityChanged",
+                    message.clone(),
+                )
+                .await
+        {
+            tracing::warn!(node = %node_name, error = %e, "metal: MachineIdentityChanged Event not written");
+        }
+        Err(CloudError::Permanent(message))
+    }
+}
+
+/// Two Nodes claiming one machine: both get an error naming the other.
+fn refuse_duplicates(
+    nodes: &[Node],
+    ids: &mut [CloudResult<Option<InstanceMetadata>>],
+    taken: &std::collections::BTreeMap<String, String>,
+) {
+    let pid = |r: &CloudResult<Option<InstanceMetadata>>| {
+        r.as_ref()
+            .ok()
+            .and_then(|m| m.as_ref())
+            .map(|m| m.provider_id.clone())
+    };
+    let claims: Vec<Option<String>> = ids.iter().map(pid).collect();
+    for (i, claim) in claims.iter().enumerate() {
+        let Some(claim) = claim else { continue };
+        let me = node_name(&nodes[i]);
+        let other = claims
+            .iter()
+            .enumerate()
+            .find(|(j, c)| *j != i && c.as_ref() == Some(claim))
+            .map(|(j, _)| node_name(&nodes[j]).to_string())
+            .or_else(|| taken.get(claim).filter(|n| n.as_str() != me).cloned());
+        if let Some(other) = other {
+            ids[i] = Err(CloudError::Permanent(format!(
+                "nodes {me} and {other} both map to machine {claim}; neither is initialized until the inventory (or the Nodes) say which is which"
+            )));
+        }
+    }
+}
+
+impl MetalCloud {
+    /// providerID → Node name of the Nodes that have one, so a second Node cannot claim a
+    /// machine (listed only when providerIDs name UUIDs or serials: names are unique by
+    /// construction).
+    async fn bound_provider_ids(&self) -> CloudResult<std::collections::BTreeMap<String, String>> {
+        let mut out = std::collections::BTreeMap::new();
+        if self.config().provider_id_from == ProviderIdFrom::Name {
+            return Ok(out);
+        }
+        let client = self.client().ok_or_else(|| {
+            CloudError::Transient("metal provider not initialized: cannot list Nodes".into())
+        })?;
+        let list = Api::<Node>::all(client)
+            .list(&kube::api::ListParams::default())
+            .await
+            .map_err(|e| {
+                CloudError::Transient(format!(
+                    "listing Nodes to rule out two Nodes on one machine: {e}"
+                ))
+            })?;
+        for n in list.items {
+            let pid = node_provider_id(&n).to_string();
+            if !pid.is_empty() {
+                out.insert(pid, node_name(&n).to_string());
+            }
+        }
+        Ok(out)
+    }
+
     /// `(user, password)` from the Secret `namespace/name`. Failing to read it is an error,
     /// never "gone".
     async fn bmc_credentials(
@@ -129,8 +266,14 @@ impl Instances for MetalCloud {
         let Some((name, m)) = self.lookup(node)? else {
             return Err(CloudError::InstanceNotFound);
         };
+        let pid = self.machine_provider_id(&name, &m).await?;
+        if let Some(id) = pid.strip_prefix(&format!("{PROVIDER_NAME}://"))
+            && self.config().provider_id_from != ProviderIdFrom::Name
+        {
+            self.check_same_machine(node, &name, id).await?;
+        }
         Ok(Some(InstanceMetadata {
-            provider_id: provider_id(&name),
+            provider_id: pid,
             instance_type: m.instance_type,
             node_addresses: m.addresses,
             zone: m.zone,
@@ -149,7 +292,19 @@ impl Instances for MetalCloud {
         &self,
         nodes: &[Node],
     ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
-        join_all(nodes.iter().map(|n| self.instance_metadata(n))).await
+        let mut out = join_all(nodes.iter().map(|n| self.instance_metadata(n))).await;
+        match self.bound_provider_ids().await {
+            Ok(taken) => refuse_duplicates(nodes, &mut out, &taken),
+            // Without the other Nodes' claims a duplicate cannot be ruled out: retry.
+            Err(e) => out.iter_mut().for_each(|r| *r = Err(e.clone())),
+        }
+        out
+    }
+
+    /// The batch calls are the provider's own (BMC lookups at once, and the duplicate-machine
+    /// check across the batch), so wrappers must call them rather than the single-Node ones.
+    fn native_batching(&self) -> bool {
+        true
     }
 
     fn max_batch_size(&self) -> usize {

@@ -9,13 +9,17 @@ use k8s_openapi::api::core::v1::LoadBalancerIngress;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use parking_lot::Mutex as SyncMutex;
 
-use crate::ipam::{Allocator, Pool, Request, request_from};
+use crate::ipam::{AllocError, Allocator, Pool, Request, request_from};
 use crate::provider::MetalCloud;
 
 /// The allocator, `None` until rebuilt from the cluster.
 pub(crate) struct LbState {
     alloc: tokio::sync::Mutex<Option<Allocator>>,
     pools: SyncMutex<Vec<Pool>>,
+    /// Pool fill, updated after every allocator operation.
+    pub(crate) gauges: crate::metrics::PoolGauges,
+    /// `(Service, address)` held outside every pool and already reported by an Event.
+    orphans: SyncMutex<std::collections::BTreeSet<(String, IpAddr)>>,
 }
 
 impl LbState {
@@ -23,6 +27,8 @@ impl LbState {
         LbState {
             alloc: tokio::sync::Mutex::new(None),
             pools: SyncMutex::new(pools),
+            orphans: SyncMutex::default(),
+            gauges: Default::default(),
         }
     }
 
@@ -31,13 +37,18 @@ impl LbState {
         *self.pools.lock() = pools;
     }
 
+    /// The pools in force.
+    pub(crate) fn pools(&self) -> parking_lot::MutexGuard<'_, Vec<Pool>> {
+        self.pools.lock()
+    }
+
     /// Forget the table: the next operation rebuilds it from the cluster.
     pub(crate) async fn reset(&self) {
         *self.alloc.lock().await = None;
     }
 }
 
-fn key_of(svc: &Service) -> String {
+pub(crate) fn key_of(svc: &Service) -> String {
     format!(
         "{}/{}",
         svc.metadata.namespace.as_deref().unwrap_or(""),
@@ -121,7 +132,17 @@ impl MetalCloud {
         if alloc.pools() != pools.as_slice() {
             alloc.set_pools(pools);
         }
-        f(alloc)
+        let out = f(alloc);
+        crate::metrics::update(&self.inner.lb.gauges, alloc);
+        out
+    }
+
+    /// The addresses the table holds for `key` (building the table first if needed).
+    pub(crate) async fn held(&self, key: &str) -> Option<Vec<IpAddr>> {
+        self.with_allocator(|a| Ok(a.held(key).map(<[IpAddr]>::to_vec)))
+            .await
+            .ok()
+            .flatten()
     }
 
     async fn rebuild(&self) -> CloudResult<Allocator> {
@@ -148,6 +169,12 @@ impl MetalCloud {
                     "the Service's status shows an address another Service holds; it keeps it but gets no other until the conflict is resolved"),
             }
         }
+        // Requests of Services still waiting for an address are kept for them (MetalLB #1984).
+        for svc in services.items.iter().filter(|s| is_load_balancer(s)) {
+            if let Ok(req) = request_from(svc) {
+                alloc.reserve(&req);
+            }
+        }
         tracing::info!(
             services = services.items.len(),
             adopted,
@@ -157,47 +184,83 @@ impl MetalCloud {
     }
 }
 
-/// kube-vip's request/announce annotation.
-const KUBE_VIP_IPS: &str = "kube-vip.io/loadbalancerIPs";
-
 impl MetalCloud {
-    /// Publishes the addresses where kube-vip's service watcher looks for them. One PATCH
-    /// when the annotation differs, none otherwise; the annotation then also counts as the
-    /// Service's request, so the addresses stay put.
-    async fn write_kube_vip_annotation(&self, svc: &Service, ips: &[IpAddr]) -> CloudResult<()> {
-        let want = ips
-            .iter()
-            .map(IpAddr::to_string)
-            .collect::<Vec<_>>()
-            .join(",");
-        let have = svc
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(KUBE_VIP_IPS));
-        if have == Some(&want) {
-            return Ok(());
-        }
-        let Some(client) = self.client() else {
-            return Err(CloudError::Transient(
-                "metal provider not initialized: cannot write the kube-vip annotation".into(),
-            ));
+    /// After a pool change: one Warning Event per address a Service holds outside every pool
+    /// (it keeps the address — nothing moves because a pool changed — but the operator must
+    /// know the pool no longer covers it).
+    pub(crate) async fn report_orphans(&self) {
+        let Ok(orphans) = self
+            .with_allocator(|a| {
+                Ok(a.holdings()
+                    .flat_map(|(k, ips)| ips.iter().map(move |ip| (k.to_string(), *ip)))
+                    .filter(|(_, ip)| a.pool_of(*ip).is_none())
+                    .collect::<std::collections::BTreeSet<_>>())
+            })
+            .await
+        else {
+            return;
         };
+        let new: Vec<(String, IpAddr)> = {
+            let mut reported = self.inner.lb.orphans.lock();
+            reported.retain(|o| orphans.contains(o));
+            orphans
+                .into_iter()
+                .filter(|o| reported.insert(o.clone()))
+                .collect()
+        };
+        for (key, ip) in new {
+            if let Err(e) = self.warn_orphan(&key, ip).await {
+                tracing::warn!(service = %key, %ip, error = %e, "metal: Event for an address outside every pool not written");
+            }
+        }
+    }
+
+    async fn warn_orphan(&self, key: &str, ip: IpAddr) -> Result<(), kube::Error> {
+        let (ns, name) = key.split_once('/').unwrap_or(("default", key));
+        self.warn(
+            ns,
+            "Service",
+            name,
+            "AddressOutsidePools",
+            format!(
+                "address {ip} is in no configured pool any more; the Service keeps it, but no pool covers it: add it back to a pool, or request another address"
+            ),
+        )
+        .await
+    }
+
+    /// Takes the addresses off a Service that gave them up (kube-vip's annotation first),
+    /// so no two Services show one IP:port.
+    async fn clear_status(&self, svc: &Service) -> CloudResult<()> {
+        if crate::kube_vip::ours_within(svc, &[]).is_some() {
+            self.patch_kube_vip(svc, &[]).await?;
+        }
+        let client = self.client().ok_or_else(|| {
+            CloudError::Transient("metal provider not initialized: cannot clear a status".into())
+        })?;
         let ns = svc.metadata.namespace.as_deref().unwrap_or("default");
         let name = svc.metadata.name.as_deref().unwrap_or("");
-        let patch = serde_json::json!({"metadata": {"annotations": {KUBE_VIP_IPS: want}}});
+        let patch = serde_json::json!({"status": {"loadBalancer": {"ingress": null}}});
         Api::<Service>::namespaced(client, ns)
-            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
             .map(|_| ())
-            .map_err(|e| {
-                CloudError::Transient(format!("writing {KUBE_VIP_IPS} on {ns}/{name}: {e}"))
-            })
+            .map_err(|e| CloudError::Transient(format!("clearing the status of {ns}/{name}: {e}")))
     }
 }
 
-fn to_cloud(e: crate::ipam::AllocError) -> CloudError {
-    CloudError::Permanent(e.to_string())
+/// How soon a Service waiting for an address (pool full, address held, no pool yet) is tried
+/// again: a freed address or a pool edit is picked up within this, not after the controller's
+/// backoff (up to 300 s). A retry is an allocator check: no cloud or API call besides the
+/// Warning Event's count.
+pub const PENDING_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn to_cloud(e: AllocError) -> CloudError {
+    match e {
+        // Only an edit of the Service fixes it, and an edit is an event of its own.
+        AllocError::Invalid(_) => CloudError::Permanent(e.to_string()),
+        _ => CloudError::retry_after(PENDING_RETRY, e.to_string()),
+    }
 }
 
 #[async_trait]
@@ -219,12 +282,18 @@ impl LoadBalancer for MetalCloud {
         _nodes: &[Node],
     ) -> CloudResult<LoadBalancerStatus> {
         let req = request_from(service).map_err(to_cloud)?;
-        let ips = self
-            .with_allocator(|a| a.assign(&req).map_err(to_cloud))
-            .await?;
+        let ips = match self.with_allocator(|a| Ok(a.assign(&req))).await? {
+            Ok(ips) => ips,
+            Err(e @ AllocError::Released(_)) => {
+                self.clear_status(service).await?;
+                return Err(to_cloud(e));
+            }
+            Err(e) => return Err(to_cloud(e)),
+        };
         tracing::debug!(service = %req.key, ?ips, "metal: addresses assigned");
-        if self.config().kube_vip_annotation {
-            self.write_kube_vip_annotation(service, &ips).await?;
+        // kube-vip's annotation shrinks before the status does; it grows after (kube_vip).
+        if let Some(keep) = crate::kube_vip::ours_within(service, &ips) {
+            self.patch_kube_vip(service, &keep).await?;
         }
         Ok(status_of(&ips))
     }
@@ -245,10 +314,44 @@ impl LoadBalancer for MetalCloud {
         service: &Service,
     ) -> CloudResult<()> {
         let key = key_of(service);
+        // Not announced any more before the address is free for another Service.
+        if crate::kube_vip::ours_within(service, &[]).is_some() {
+            self.patch_kube_vip(service, &[]).await?;
+        }
         self.with_allocator(|a| {
-            a.release(&key);
+            a.forget(&key);
             Ok(())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipam::Family;
+
+    #[test]
+    fn waiting_services_are_retried_within_the_pending_bound() {
+        let full = to_cloud(AllocError::Exhausted {
+            pools: vec!["public".into()],
+            family: Family::V4,
+        });
+        match full {
+            CloudError::Retry { after, .. } => assert!(after <= PENDING_RETRY),
+            other => panic!("an exhausted pool is retried soon, got {other:?}"),
+        }
+        assert!(full_text_has_pool(&to_cloud(AllocError::Exhausted {
+            pools: vec!["public".into()],
+            family: Family::V4,
+        })));
+        assert!(matches!(
+            to_cloud(AllocError::Invalid("x".into())),
+            CloudError::Permanent(_)
+        ));
+    }
+
+    fn full_text_has_pool(e: &CloudError) -> bool {
+        e.to_string().contains("\"public\"")
     }
 }

@@ -36,6 +36,8 @@ pub(crate) struct Inner {
     pub(crate) lb: LbState,
     pub(crate) routes: Option<RouteState>,
     pub(crate) client: RwLock<Option<kube::Client>>,
+    /// `(node, new providerID)` already reported as a swapped machine.
+    pub(crate) swaps_reported: parking_lot::Mutex<std::collections::BTreeSet<(String, String)>>,
 }
 
 /// The bare-metal provider. Cheap to clone; clones share state.
@@ -92,6 +94,7 @@ impl MetalCloud {
                 path,
                 last_text: RwLock::new(text),
                 client: RwLock::new(None),
+                swaps_reported: Default::default(),
             }),
         })
     }
@@ -124,8 +127,13 @@ impl MetalCloud {
     /// Puts `config` in force: machines at once, pools without moving any held address.
     /// Route table, BMC limits and timeouts keep their startup values.
     pub fn apply(&self, config: MetalConfig) {
+        let pools_changed = *self.inner.lb.pools() != config.pools;
         self.inner.lb.set_pools(config.pools.clone());
         *self.inner.config.write() = Arc::new(config);
+        if pools_changed && self.client().is_some() {
+            let me = self.clone();
+            tokio::spawn(async move { me.report_orphans().await });
+        }
     }
 
     fn spawn_reloader(&self, shutdown: CancellationToken) {
@@ -172,8 +180,24 @@ impl CloudProvider for MetalCloud {
         if let Some(routes) = &self.inner.routes {
             routes.learn_nodes(&ctx.client).await;
         }
+        if !self.config().pools.is_empty() {
+            // Addresses a pool edit left uncovered while the CCM was down are reported too.
+            let me = self.clone();
+            tokio::spawn(async move { me.report_orphans().await });
+        }
+        if self.config().kube_vip_annotation {
+            self.spawn_kube_vip_sync(ctx.client.clone(), ctx.shutdown.clone());
+        }
         self.spawn_reloader(ctx.shutdown);
         Ok(())
+    }
+
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "ccm_metal_pool_addresses",
+            "Addresses of each LoadBalancer pool by family and state (total, assigned, free)",
+            self.inner.lb.gauges.clone(),
+        );
     }
 
     fn instances(&self) -> Option<Arc<dyn Instances>> {

@@ -10,8 +10,24 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-/// A client config for one kind of BMC endpoint.
+/// A client config for one kind of BMC endpoint, reading `ca_file` now.
 pub fn client_config(ca_file: Option<&Path>, insecure: bool) -> Result<ClientConfig, String> {
+    match ca_file {
+        Some(path) => {
+            let pem = std::fs::read(path)
+                .map_err(|e| format!("ca_file {}: cannot read it: {e}", path.display()))?;
+            client_config_pem(Some((path, &pem)), insecure)
+        }
+        None => client_config_pem(None, insecure),
+    }
+}
+
+/// A client config trusting the PEM certificates `ca` (its file name, its contents): the
+/// caller re-reads the file and builds a new config when the contents change (a rotated CA).
+pub fn client_config_pem(
+    ca: Option<(&Path, &[u8])>,
+    insecure: bool,
+) -> Result<ClientConfig, String> {
     let provider = Arc::new(ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -22,7 +38,7 @@ pub fn client_config(ca_file: Option<&Path>, insecure: bool) -> Result<ClientCon
             .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
             .with_no_client_auth());
     }
-    let Some(path) = ca_file else {
+    let Some((path, pem)) = ca else {
         use hyper_rustls::ConfigBuilderExt as _;
         return builder
             .with_native_roots()
@@ -31,7 +47,7 @@ pub fn client_config(ca_file: Option<&Path>, insecure: bool) -> Result<ClientCon
     };
     let mut roots = RootCertStore::empty();
     let bad = |e: &dyn std::fmt::Display| format!("ca_file {}: {e}", path.display());
-    for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))? {
+    for cert in CertificateDer::pem_slice_iter(pem) {
         roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
     }
     if roots.is_empty() {

@@ -1,5 +1,6 @@
 //! `--cloud-provider=metal` Instances end to end: the real CCM against kube-sim, machines from
-//! the cloud-config inventory, power state from the sushy-tools Redfish emulator.
+//! the cloud-config inventory, power state from sushy-tools Redfish emulators whose System ids
+//! are UUIDs and whose System names are iDRAC's (`System.Embedded.N`), never the node names.
 
 mod support;
 
@@ -13,14 +14,25 @@ const SHUTDOWN: &str = "node.cloudprovider.kubernetes.io/shutdown";
 const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 const UUID_A: &str = "0a0a0a0a-0000-4000-8000-00000000000a";
 const UUID_B: &str = "0b0b0b0b-0000-4000-8000-00000000000b";
+const UUID_C: &str = "0c0c0c0c-0000-4000-8000-00000000000c";
+const UUID_G: &str = "0e0e0e0e-0000-4000-8000-00000000000e";
 
-fn config(sushy: &str, extra: &str) -> String {
+/// The three BMCs: node-a's (one System), a two-System one, node-gone's.
+struct Bmcs {
+    a: Sushy,
+    b: Sushy,
+    g: Sushy,
+}
+
+fn config(bmcs: &Bmcs, extra: &str) -> String {
+    let (a, b, g) = (&bmcs.a.endpoint, &bmcs.b.endpoint, &bmcs.g.endpoint);
     format!(
         r#"
 [bmc]
 concurrency = 4
 timeout_ms = 2000
 
+# Default BMC settings: the System is the collection's only member.
 [[machines]]
 name = "node-a"
 instance_type = "r640"
@@ -29,15 +41,14 @@ region = "dc-1"
 internal_ips = ["192.168.50.11"]
 hostname = "node-a.lab"
 [machines.bmc]
-endpoint = "{sushy}"
-system = "{UUID_A}"
+endpoint = "{a}"
 
 [[machines]]
 name = "node-b"
 zone = "rack-2"
 [machines.bmc]
-endpoint = "{sushy}"
-system = "{UUID_B}"
+endpoint = "{b}"
+system_uuid = "{UUID_B}"
 
 # Its BMC does not answer (nothing listens on port 9 here).
 [[machines]]
@@ -45,12 +56,19 @@ name = "node-dead-bmc"
 [machines.bmc]
 endpoint = "http://127.0.0.1:9"
 
-# The BMC answers, but has no such System.
+# Default settings on a BMC with two Systems: which one is unknown. Before, the node name
+# was guessed as the System id, the BMC answered 404, and the Node was deleted.
 [[machines]]
-name = "node-no-system"
+name = "node-guessed"
 [machines.bmc]
-endpoint = "{sushy}"
-system = "no-such-system"
+endpoint = "{b}"
+
+# Its System is removed from the BMC while the CCM runs.
+[[machines]]
+name = "node-gone"
+[machines.bmc]
+endpoint = "{g}"
+system = "{UUID_G}"
 
 [[machines]]
 pattern = "edge-*"
@@ -67,11 +85,18 @@ async fn node(nodes: &Api<Node>, name: &str) -> Option<Node> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inventory_initializes_nodes_and_redfish_power_drives_the_shutdown_taint() {
-    let sushy = Sushy::start(&[("node-a", UUID_A, "On"), ("node-b", UUID_B, "On")]);
+    let mut bmcs = Bmcs {
+        a: Sushy::start(&[("System.Embedded.1", UUID_A, "On")]),
+        b: Sushy::start(&[
+            ("System.Embedded.1", UUID_B, "On"),
+            ("System.Embedded.2", UUID_C, "On"),
+        ]),
+        g: Sushy::start(&[("System.Embedded.1", UUID_G, "Off")]),
+    };
     let dir = TempDir::new("instances");
     let (_kube, kubeconfig, client) = kube_sim(&dir.0).await;
     let cloud_config = dir.0.join("metal.toml");
-    std::fs::write(&cloud_config, config(&sushy.endpoint, "")).expect("config");
+    std::fs::write(&cloud_config, config(&bmcs, "")).expect("config");
     let ccm = Ccm::start(
         &kubeconfig,
         &cloud_config,
@@ -87,7 +112,8 @@ async fn inventory_initializes_nodes_and_redfish_power_drives_the_shutdown_taint
         "node-a",
         "node-b",
         "node-dead-bmc",
-        "node-no-system",
+        "node-guessed",
+        "node-gone",
         "edge-7",
     ] {
         register_node(&client, name, &[], &[("InternalIP", "10.0.0.99")]).await;
@@ -137,7 +163,7 @@ async fn inventory_initializes_nodes_and_redfish_power_drives_the_shutdown_taint
     );
 
     // Power node-a off through Redfish; its kubelet stops reporting → shutdown taint.
-    sushy.reset(UUID_A, "ForceOff").await;
+    bmcs.a.reset(UUID_A, "ForceOff").await;
     set_ready(&client, "node-a", false).await;
     set_ready(&client, "node-dead-bmc", false).await;
     wait_for("shutdown taint on node-a", || async {
@@ -157,16 +183,31 @@ async fn inventory_initializes_nodes_and_redfish_power_drives_the_shutdown_taint
         .expect("a BMC error never deletes a Node");
     assert!(!has_taint(&dead, SHUTDOWN));
 
-    // A System the BMC does not have is an instance that does not exist: the NotReady Node goes.
-    set_ready(&client, "node-no-system", false).await;
-    wait_for("node-no-system deleted", || async {
-        node(&nodes, "node-no-system").await.is_none()
+    // A BMC with several Systems and no `system` setting: an error, the NotReady Node stays.
+    set_ready(&client, "node-guessed", false).await;
+    // node-gone's System is Off: the shutdown taint shows the CCM found it (first contact).
+    set_ready(&client, "node-gone", false).await;
+    wait_for("shutdown taint on node-gone", || async {
+        node(&nodes, "node-gone")
+            .await
+            .is_some_and(|n| has_taint(&n, SHUTDOWN))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let guessed = node(&nodes, "node-guessed")
+        .await
+        .expect("a System the config does not identify never deletes a Node");
+    assert!(!has_taint(&guessed, SHUTDOWN));
+    // The machine is removed from its BMC: service root and collection answer without it.
+    bmcs.g.restart(&[("System.Embedded.9", UUID_C, "On")]);
+    wait_for("node-gone deleted", || async {
+        node(&nodes, "node-gone").await.is_none()
     })
     .await;
 
     // Power back on; once the BMC says On the kubelet reports Ready → taint gone.
-    sushy.reset(UUID_A, "On").await;
-    let cfg = ccm_provider_metal::MetalConfig::parse(&config(&sushy.endpoint, "")).expect("cfg");
+    bmcs.a.reset(UUID_A, "On").await;
+    let cfg = ccm_provider_metal::MetalConfig::parse(&config(&bmcs, "")).expect("cfg");
     let bmc = cfg
         .machine("node-a")
         .and_then(|m| m.bmc.clone())
@@ -187,10 +228,7 @@ async fn inventory_initializes_nodes_and_redfish_power_drives_the_shutdown_taint
     // The inventory is reloaded on change: a machine added to the file initializes its Node.
     std::fs::write(
         &cloud_config,
-        config(
-            &sushy.endpoint,
-            "[[machines]]\nname = \"late\"\nzone = \"rack-9\"\n",
-        ),
+        config(&bmcs, "[[machines]]\nname = \"late\"\nzone = \"rack-9\"\n"),
     )
     .expect("rewrite config");
     tokio::time::sleep(ccm_provider_metal::RELOAD_PERIOD * 2).await;

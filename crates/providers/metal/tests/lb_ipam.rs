@@ -295,7 +295,8 @@ async fn dual_stack_services_get_one_address_per_family() {
     .await;
     assert_eq!(
         ingress(&api, "dual").await,
-        vec!["192.0.2.0", "2001:db8:5::"]
+        vec!["192.0.2.1", "2001:db8:5::1"],
+        "the CIDRs' network addresses are skipped"
     );
     let mut v6 = service("v6only", &[], &[(80, "TCP")]);
     v6.spec.as_mut().expect("spec").ip_families = Some(vec!["IPv6".into()]);
@@ -304,6 +305,44 @@ async fn dual_stack_services_get_one_address_per_family() {
         !ingress(&api, "v6only").await.is_empty()
     })
     .await;
-    assert_eq!(ingress(&api, "v6only").await, vec!["2001:db8:5::1"]);
+    assert_eq!(ingress(&api, "v6only").await, vec!["2001:db8:5::2"]);
+    ccm.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_a_pool_edit_leaves_uncovered_is_kept_and_reported() {
+    let dir = TempDir::new("lb-orphan");
+    let (_kube, kubeconfig, client) = kube_sim(&dir.0).await;
+    let cloud_config = dir.0.join("metal.toml");
+    std::fs::write(&cloud_config, CONFIG).expect("config");
+    let ccm = Ccm::start(&kubeconfig, &cloud_config, &["--controllers=service"])
+        .await
+        .expect("ccm starts");
+    let api: Api<Service> = Api::namespaced(client.clone(), "default");
+    api.create(&PostParams::default(), &service("web", &[], &[(80, "TCP")]))
+        .await
+        .expect("web");
+    wait_for("web gets an address", || async {
+        ingress(&api, "web").await == vec!["192.0.2.10"]
+    })
+    .await;
+    // The operator moves the public pool; web's address is now in no pool.
+    std::fs::write(
+        &cloud_config,
+        CONFIG.replace("192.0.2.10-192.0.2.12", "192.0.2.20-192.0.2.22"),
+    )
+    .expect("edit pools");
+    wait_for("a Warning Event names the uncovered address", || async {
+        warnings(&client, "web")
+            .await
+            .iter()
+            .any(|m| m.contains("192.0.2.10") && m.contains("no configured pool"))
+    })
+    .await;
+    assert_eq!(
+        ingress(&api, "web").await,
+        vec!["192.0.2.10"],
+        "nothing moves"
+    );
     ccm.stop().await;
 }

@@ -39,7 +39,11 @@ fn node(name: &str) -> Node {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bmc_credentials_come_from_a_secret() {
-    let sushy = Sushy::start_full(&[("good", UUID, "Off")], None, Some(("ccm", "s3cret")));
+    let sushy = Sushy::start_full(
+        &[("System.Embedded.1", UUID, "Off")],
+        None,
+        Some(("ccm", "s3cret")),
+    );
     let dir = TempDir::new("auth");
     let (_kube, _kubeconfig, client) = kube_sim(&dir.0).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "kube-system");
@@ -54,7 +58,7 @@ async fn bmc_credentials_come_from_a_secret() {
         .expect("secret");
     let machine = |name: &str, secret: &str| {
         format!(
-            "[[machines]]\nname = \"{name}\"\n[machines.bmc]\nendpoint = \"{}\"\nsystem = \"{UUID}\"\ncredentials_secret = \"{secret}\"\n",
+            "[[machines]]\nname = \"{name}\"\n[machines.bmc]\nendpoint = \"{}\"\ncredentials_secret = \"{secret}\"\n",
             sushy.endpoint
         )
     };

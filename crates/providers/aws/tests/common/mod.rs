@@ -56,6 +56,7 @@ pub fn cloud_config(url: &str) -> AwsConfig {
             over(AwsService::Elasticloadbalancingv2),
         ],
         node_ip_families: vec![ccm_provider_aws::IpFamily::Ipv4],
+        kubernetes_cluster_id: Some(CLUSTER.to_string()),
         ..Default::default()
     }
 }
@@ -165,8 +166,9 @@ impl AwsWorld {
         })
     }
 
-    /// Launches `n` instances in subnet `subnet` (round-robin zones by index); returns
-    /// (instance id, private DNS name) in launch order.
+    /// Launches `n` instances of the cluster (tagged `kubernetes.io/cluster/<CLUSTER>`, as
+    /// kOps and EKS node groups tag theirs) in subnet `subnet`; returns (instance id, private
+    /// DNS name) in launch order.
     pub async fn run_instances(
         &self,
         n: i32,
@@ -181,6 +183,10 @@ impl AwsWorld {
             .max_count(n)
             .subnet_id(&self.subnets[subnet])
             .security_group_ids(&self.node_sg)
+            .tag_specifications(tags(
+                ResourceType::Instance,
+                &[(&format!("kubernetes.io/cluster/{CLUSTER}"), "owned")],
+            ))
             .send()
             .await
             .context("RunInstances")?;
@@ -310,6 +316,65 @@ impl Cluster {
         })
         .await
         .context("controllers did not start within 60s")??;
+        self.ccm = Some(Ccm {
+            rt,
+            shutdown,
+            task,
+            handles,
+        });
+        Ok(())
+    }
+
+    /// Starts the CCM from `providers` with exactly `args` (plus the test's kubeconfig,
+    /// `--secure-port=0`, `--leader-elect=false`), as an operator's manifest would: the
+    /// provider is built by its registry factory from `--cloud-config`. A CCM that stops
+    /// before its controllers run returns its own error.
+    pub async fn start_ccm_with(
+        &mut self,
+        providers: ccm_cloud::ProviderRegistry,
+        args: &[String],
+    ) -> anyhow::Result<()> {
+        let mut argv = vec![
+            "ccm".to_string(),
+            format!(
+                "--kubeconfig={}",
+                self.kubeconfig_dir.join("kubeconfig").display()
+            ),
+            "--secure-port=0".into(),
+            "--leader-elect=false".into(),
+        ];
+        argv.extend(args.iter().cloned());
+        let validated = RunArgs::try_parse_from(argv)?.options.validate()?;
+        let rt = Arc::new(Runtime::default());
+        let shutdown = CancellationToken::new();
+        let mut rx = rt.handles.subscribe();
+        let mut task = {
+            let (rt, shutdown) = (rt.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                ccm_manager::run::run(validated, &providers, &rt, shutdown).await
+            })
+        };
+        let started = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                if let Some(h) = rx.borrow_and_update().clone() {
+                    return Some(h);
+                }
+                if rx.changed().await.is_err() {
+                    return None;
+                }
+            }
+        });
+        let handles = tokio::select! {
+            h = started => h.context("controllers did not start within 60s")?,
+            done = &mut task => {
+                done??;
+                anyhow::bail!("CCM exited before its controllers started");
+            }
+        };
+        let Some(handles) = handles else {
+            (&mut task).await??;
+            anyhow::bail!("CCM stopped before its controllers started");
+        };
         self.ccm = Some(Ccm {
             rt,
             shutdown,

@@ -48,6 +48,12 @@ fn moto_python() -> PathBuf {
 impl Moto {
     /// Starts a server of its own (for tests that read moto's call recorder).
     pub fn start() -> Moto {
+        Self::start_with_env(&[])
+    }
+
+    /// Starts a server of its own with extra environment, e.g. moto's IAM enforcement
+    /// (`INITIAL_NO_AUTH_ACTION_COUNT`).
+    pub fn start_with_env(env: &[(&str, &str)]) -> Moto {
         let python = moto_python();
         // The recorder writes `moto_recording` into the working directory: one of its own, so
         // servers running at the same time (other test binaries, a measurement) don't share it.
@@ -57,6 +63,7 @@ impl Moto {
         std::fs::create_dir_all(&dir).expect("moto working directory");
         let mut child = Command::new(&python)
             .args(["-c", WRAPPER])
+            .envs(env.iter().copied())
             .current_dir(&dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())

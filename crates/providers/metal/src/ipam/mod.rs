@@ -28,7 +28,8 @@ use std::net::IpAddr;
 
 pub use range::{Family, PoolRange};
 pub use request::{
-    ANNOTATION_ADDRESS_POOL, ANNOTATION_LOAD_BALANCER_IPS, ANNOTATION_SHARED_IP, request_from,
+    ANNOTATION_ADDRESS_POOL, ANNOTATION_LOAD_BALANCER_IPS, ANNOTATION_SHARED_IP,
+    ANNOTATION_SHARING_CROSS_NAMESPACE, request_from,
 };
 
 /// An address pool (checked `[[pools]]` entry).
@@ -42,6 +43,8 @@ pub struct Pool {
     pub auto_assign: bool,
     /// Skip IPv4 addresses ending in `.0` / `.255` when auto-assigning.
     pub avoid_buggy_ips: bool,
+    /// Also hand out the network (and IPv4 broadcast) addresses of CIDR ranges.
+    pub use_network_and_broadcast: bool,
     /// Allowed namespaces (empty: all).
     pub namespaces: Vec<String>,
     /// Labels a Service must carry (empty: any Service).
@@ -96,6 +99,8 @@ pub struct Request {
     pub pool: Option<String>,
     /// Sharing key (`allow-shared-ip`).
     pub sharing_key: Option<String>,
+    /// Namespaces whose Services may share with this one (`*`: any); its own always may.
+    pub share_namespaces: Vec<String>,
     /// Exposed ports.
     pub ports: Vec<Port>,
     /// Addresses the Service's status shows now (what a restart adopts).
@@ -142,6 +147,9 @@ pub enum AllocError {
     },
     /// The Service's annotations and spec contradict each other.
     Invalid(String),
+    /// The Service gave up the addresses it showed (see the inner error); its status must be
+    /// cleared.
+    Released(Box<AllocError>),
 }
 
 impl fmt::Display for AllocError {
@@ -185,6 +193,10 @@ impl fmt::Display for AllocError {
                     .unwrap_or_default()
             ),
             AllocError::Invalid(why) => f.write_str(why),
+            AllocError::Released(e) => write!(
+                f,
+                "{e}; the address was taken away from this Service (the other Service keeps it) and a new one is assigned at the next retry"
+            ),
         }
     }
 }
@@ -196,6 +208,8 @@ struct Holding {
     ips: Vec<IpAddr>,
     sharing_key: Option<String>,
     ports: Vec<Port>,
+    namespace: String,
+    share_namespaces: Vec<String>,
     /// The request the addresses were given for, minus `current` and `ports`.
     fingerprint: Fingerprint,
 }
@@ -225,6 +239,8 @@ pub struct Allocator {
     pools: Vec<Pool>,
     holdings: BTreeMap<String, Holding>,
     by_ip: BTreeMap<IpAddr, BTreeSet<String>>,
+    /// Requested addresses of Services that hold nothing yet, and who requested them.
+    reserved: BTreeMap<IpAddr, String>,
 }
 
 impl Allocator {
@@ -281,7 +297,14 @@ impl Allocator {
             .current
             .iter()
             .find_map(|&ip| self.check_shareable(ip, req).err());
-        let fingerprint = if self.satisfies(&req.current, req) {
+        // Addresses a pool edit left outside every pool still count as granted: a pool
+        // change never moves them (an address in another pool than the one named does move).
+        let orphaned = req.current.iter().all(|ip| self.pool_of(*ip).is_none());
+        let mut unpooled = req.clone();
+        unpooled.pool = None;
+        let fingerprint = if self.satisfies(&req.current, req)
+            || orphaned && self.satisfies(&req.current, &unpooled)
+        {
             Fingerprint::of(req)
         } else {
             // Shown in status but not what is asked for now: the next assign reassigns.
@@ -299,19 +322,38 @@ impl Allocator {
     /// Addresses for `req`: the ones it holds if its request is unchanged or they still fulfil
     /// it, else new ones. On error the Service keeps what it had.
     pub fn assign(&mut self, req: &Request) -> Result<Vec<IpAddr>, AllocError> {
+        // Reservations follow the Service's current request.
+        self.reserved
+            .retain(|ip, k| k != &req.key || req.ips.contains(ip));
+        let sharing_changed = self.holdings.get(&req.key).is_some_and(|h| {
+            h.sharing_key != req.sharing_key
+                || h.ports != req.ports
+                || h.share_namespaces != req.share_namespaces
+        });
         if let Some(h) = self.holdings.get_mut(&req.key) {
             // Sharing decisions follow the Service's current spec even if this call fails: a
             // Service that dropped its sharing key no longer consents to sharing.
             h.sharing_key.clone_from(&req.sharing_key);
             h.ports.clone_from(&req.ports);
+            h.share_namespaces.clone_from(&req.share_namespaces);
         }
         if let Some(h) = self.holdings.get(&req.key)
             && (h.fingerprint == Fingerprint::of(req) || self.satisfies(&h.ips, req))
         {
             let ips = h.ips.clone();
             for &ip in &ips {
-                self.check_shareable(ip, req)?;
+                if let Err(e) = self.check_shareable(ip, req) {
+                    if !sharing_changed {
+                        return Err(e);
+                    }
+                    // Its sharing key, ports or namespaces changed and no longer fit a
+                    // co-holder's: this Service (the later change) gives the address up, as
+                    // MetalLB clears the later one; the co-holder keeps it.
+                    self.release(&req.key);
+                    return Err(AllocError::Released(Box::new(e)));
+                }
             }
+            let ips = self.with_missing_families(req, ips);
             self.hold(req, ips.clone(), Fingerprint::of(req));
             return Ok(ips);
         }
@@ -324,13 +366,76 @@ impl Allocator {
             self.hold(req, req.current.clone(), Fingerprint::of(req));
             return Ok(req.current.clone());
         }
-        let ips = self.choose(req)?;
+        self.assign_fresh(req)
+    }
+
+    /// New addresses for a Service that holds none it may keep.
+    fn assign_fresh(&mut self, req: &Request) -> Result<Vec<IpAddr>, AllocError> {
+        let ips = match self.choose(req) {
+            Ok(ips) => ips,
+            Err(e) => {
+                // A refused request (its address held, for now) keeps its claim: when the
+                // address frees, auto-assignment does not hand it to someone else first.
+                if req.current.is_empty() {
+                    for &ip in &req.ips {
+                        self.reserved.entry(ip).or_insert_with(|| req.key.clone());
+                    }
+                }
+                return Err(e);
+            }
+        };
         self.hold(req, ips.clone(), Fingerprint::of(req));
+        self.reserved.retain(|_, k| k != &req.key);
         Ok(ips)
+    }
+
+    /// `ips` plus one address of each family the request wants and `ips` lacks (a
+    /// SingleStack Service turned PreferDualStack gains its second family); the families it
+    /// has keep their addresses. Best effort: what cannot be had now is tried next time.
+    fn with_missing_families(&self, req: &Request, mut ips: Vec<IpAddr>) -> Vec<IpAddr> {
+        if !req.ips.is_empty() {
+            return ips;
+        }
+        let Ok(pools) = self.candidate_pools(req) else {
+            return ips;
+        };
+        let auto: Vec<&Pool> = pools
+            .into_iter()
+            .filter(|p| p.auto_assign || req.pool.as_deref() == Some(p.name.as_str()))
+            .collect();
+        for &family in &req.families {
+            if ips.iter().all(|ip| Family::of(*ip) != family)
+                && let Ok(ip) = self.choose_family(req, &auto, family)
+            {
+                ips.push(ip);
+            }
+        }
+        ips
+    }
+
+    /// Remembers the addresses that Services without any yet have requested (the restart
+    /// path, after every [`Allocator::adopt`]): auto-assignment never hands them to another
+    /// Service, so a request is not lost to whoever is processed first (MetalLB #1984).
+    pub fn reserve(&mut self, req: &Request) {
+        if req.current.is_empty() {
+            for &ip in &req.ips {
+                self.reserved.entry(ip).or_insert_with(|| req.key.clone());
+            }
+        }
     }
 
     /// Forgets `key`'s addresses (the Service was deleted or stopped being a LoadBalancer).
     pub fn release(&mut self, key: &str) {
+        self.release_holding(key);
+    }
+
+    /// Forgets `key` altogether: its addresses and its reservations (the Service is gone).
+    pub fn forget(&mut self, key: &str) {
+        self.release_holding(key);
+        self.reserved.retain(|_, k| k != key);
+    }
+
+    fn release_holding(&mut self, key: &str) {
         if let Some(h) = self.holdings.remove(key) {
             for ip in h.ips {
                 if let Some(holders) = self.by_ip.get_mut(&ip) {
@@ -354,6 +459,8 @@ impl Allocator {
                 ips,
                 sharing_key: req.sharing_key.clone(),
                 ports: req.ports.clone(),
+                namespace: req.namespace.clone(),
+                share_namespaces: req.share_namespaces.clone(),
                 fingerprint,
             },
         );
@@ -395,7 +502,18 @@ impl Allocator {
             let Some(h) = self.holdings.get(holder) else {
                 continue;
             };
+            let allows = |ns: &[String], other: &str| ns.iter().any(|n| n == "*" || n == other);
             let why = match (&req.sharing_key, &h.sharing_key) {
+                (Some(a), Some(b))
+                    if a == b
+                        && req.namespace != h.namespace
+                        && !(allows(&req.share_namespaces, &h.namespace)
+                            && allows(&h.share_namespaces, &req.namespace)) =>
+                {
+                    Some(
+                        "the Services are in different namespaces; both need the annotation metal.ccm-rs.io/sharing-cross-namespace naming the other's namespace (or \"*\")",
+                    )
+                }
                 (Some(a), Some(b)) if a == b => {
                     if h.ports.iter().any(|p| req.ports.contains(p)) {
                         Some("both Services use the same port")
@@ -482,6 +600,16 @@ impl Allocator {
         if pools.is_empty() {
             return Err(AllocError::NoPool { family });
         }
+        // What the Service holds in this family stays (a family change never renumbers it).
+        if let Some(h) = self.holdings.get(&req.key)
+            && let Some(&ip) = h
+                .ips
+                .iter()
+                .find(|ip| Family::of(**ip) == family && pools.iter().any(|p| p.contains(**ip)))
+            && self.check_shareable(ip, req).is_ok()
+        {
+            return Ok(ip);
+        }
         if req.sharing_key.is_some() {
             // Join a Service with the same key first, as MetalLB does.
             let shared = self.by_ip.keys().copied().find(|&ip| {
@@ -495,8 +623,12 @@ impl Allocator {
         }
         for pool in &pools {
             for range in pool.ranges.iter().filter(|r| r.family() == family) {
+                let taken = |ip: IpAddr| {
+                    self.by_ip.contains_key(&ip)
+                        || self.reserved.get(&ip).is_some_and(|k| k != &req.key)
+                };
                 if let Some(ip) =
-                    range.first_free(pool.avoid_buggy_ips, |ip| self.by_ip.contains_key(&ip))
+                    range.first_free(pool.avoid_buggy_ips, !pool.use_network_and_broadcast, taken)
                 {
                     return Ok(ip);
                 }

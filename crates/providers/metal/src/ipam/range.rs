@@ -39,6 +39,9 @@ impl fmt::Display for Family {
 pub struct PoolRange {
     first: IpAddr,
     last: IpAddr,
+    /// A CIDR with a network (and, IPv4, broadcast) address: those are skipped when
+    /// auto-assigning unless the pool opts out.
+    subnet: bool,
 }
 
 fn to_u128(ip: IpAddr) -> u128 {
@@ -76,7 +79,11 @@ impl PoolRange {
                     "a range whose first address is not above its last; got {text:?}"
                 ));
             }
-            return Ok(PoolRange { first, last });
+            return Ok(PoolRange {
+                first,
+                last,
+                subnet: false,
+            });
         }
         let net: IpNet = text.parse().map_err(|_| {
             format!(
@@ -89,9 +96,12 @@ impl PoolRange {
                 net.trunc()
             ));
         }
+        // /31, /32 (IPv4) and /127, /128 (IPv6) have no network or broadcast address.
+        let subnet = net.max_prefix_len() - net.prefix_len() >= 2;
         Ok(PoolRange {
             first: net.network(),
             last: net.broadcast(),
+            subnet,
         })
     }
 
@@ -106,15 +116,47 @@ impl PoolRange {
             && (to_u128(self.first)..=to_u128(self.last)).contains(&to_u128(ip))
     }
 
-    /// The lowest address not `taken` (and, with `avoid_buggy`, not an IPv4 `.0`/`.255`).
-    /// Visits at most one address per taken one plus the skipped ones, so huge IPv6 ranges
-    /// cost nothing.
-    pub fn first_free(&self, avoid_buggy: bool, taken: impl Fn(IpAddr) -> bool) -> Option<IpAddr> {
+    /// Whether `ip` is the network address of a CIDR (or its IPv4 broadcast address).
+    pub fn is_subnet_edge(&self, ip: IpAddr) -> bool {
+        self.subnet && (ip == self.first || (self.family() == Family::V4 && ip == self.last))
+    }
+
+    /// How many addresses the range has.
+    pub fn size(&self) -> u128 {
+        to_u128(self.last) - to_u128(self.first) + 1
+    }
+
+    /// How many of them are a CIDR's network / broadcast address.
+    pub fn subnet_edges(&self) -> u128 {
+        match (self.subnet, self.family()) {
+            (false, _) => 0,
+            (true, Family::V4) => 2,
+            (true, Family::V6) => 1,
+        }
+    }
+
+    /// Whether the two ranges share an address.
+    pub fn overlaps(&self, other: &PoolRange) -> bool {
+        self.family() == other.family()
+            && to_u128(self.first) <= to_u128(other.last)
+            && to_u128(other.first) <= to_u128(self.last)
+    }
+
+    /// The lowest address not `taken` (and, with `avoid_buggy`, not an IPv4 `.0`/`.255`;
+    /// with `skip_edges`, not a CIDR's network or broadcast address). Visits at most one
+    /// address per taken one plus the skipped ones, so huge IPv6 ranges cost nothing.
+    pub fn first_free(
+        &self,
+        avoid_buggy: bool,
+        skip_edges: bool,
+        taken: impl Fn(IpAddr) -> bool,
+    ) -> Option<IpAddr> {
         let family = self.family();
         let (mut n, last) = (to_u128(self.first), to_u128(self.last));
         loop {
             let ip = from_u128(family, n);
-            if !(taken(ip) || avoid_buggy && is_buggy(ip)) {
+            let skipped = avoid_buggy && is_buggy(ip) || skip_edges && self.is_subnet_edge(ip);
+            if !(taken(ip) || skipped) {
                 return Some(ip);
             }
             if n == last {

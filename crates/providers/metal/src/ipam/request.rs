@@ -14,6 +14,10 @@ pub const ANNOTATION_LOAD_BALANCER_IPS: &str = "metal.ccm-rs.io/load-balancer-ip
 pub const ANNOTATION_ADDRESS_POOL: &str = "metal.ccm-rs.io/address-pool";
 /// ccm-rs's sharing-key annotation.
 pub const ANNOTATION_SHARED_IP: &str = "metal.ccm-rs.io/allow-shared-ip";
+/// Namespaces (comma-separated, `*` for any) whose Services may share this one's address;
+/// both Services must name each other's namespace (Cilium #35460: no silent cross-namespace
+/// sharing).
+pub const ANNOTATION_SHARING_CROSS_NAMESPACE: &str = "metal.ccm-rs.io/sharing-cross-namespace";
 
 /// Address annotations accepted, so a Service written for MetalLB or kube-vip works unchanged.
 const IP_ANNOTATIONS: &[&str] = &[
@@ -45,6 +49,10 @@ pub fn request_from(svc: &Service) -> Result<Request, AllocError> {
     let mut ips: Option<(String, Vec<IpAddr>)> = None;
     let mut sources: Vec<(String, String)> = IP_ANNOTATIONS
         .iter()
+        // kube-vip's annotation as ccm-rs wrote it is output, not a request.
+        .filter(|k| {
+            **k != crate::kube_vip::KUBE_VIP_IPS || !crate::kube_vip::written_by_ccm(&annotations)
+        })
         .filter_map(|k| {
             annotations
                 .get(*k)
@@ -86,6 +94,27 @@ pub fn request_from(svc: &Service) -> Result<Request, AllocError> {
     if policy.is_empty() || policy == "SingleStack" {
         families.truncate(1);
     }
+    let ips = ips.map(|(_, v)| v).unwrap_or_default();
+    // MetalLB #1742: an address of a family the Service does not have would be published but
+    // never reach it (kube-proxy programs only the Service's families).
+    if let Some(ip) = ips.iter().find(|ip| !families.contains(&Family::of(**ip))) {
+        let have: Vec<String> = families.iter().map(Family::to_string).collect();
+        return Err(AllocError::Invalid(format!(
+            "requested address {ip} is {} but the Service's IP families are [{}]; request an address of its family or change spec.ipFamilies / spec.ipFamilyPolicy",
+            Family::of(*ip),
+            have.join(", ")
+        )));
+    }
+    let share_namespaces = annotations
+        .get(ANNOTATION_SHARING_CROSS_NAMESPACE)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
     let ports = spec
         .ports
         .unwrap_or_default()
@@ -112,9 +141,10 @@ pub fn request_from(svc: &Service) -> Result<Request, AllocError> {
         labels: meta.labels.clone().unwrap_or_default(),
         families,
         require_all_families: policy == "RequireDualStack",
-        ips: ips.map(|(_, v)| v).unwrap_or_default(),
+        ips,
         pool,
         sharing_key,
+        share_namespaces,
         ports,
         current,
     })

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake_bmc;
+
 use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -112,6 +114,41 @@ impl Sushy {
         tls: Option<(&str, &str)>,
         auth: Option<(&str, &str)>,
     ) -> Self {
+        Self::start_on(systems, tls, auth, "127.0.0.1", 0)
+    }
+
+    /// Stops this emulator and starts one on the same address and port with other systems
+    /// and fresh state: the BMC after a machine was removed from it.
+    pub fn restart(&mut self, systems: &[(&str, &str, &str)]) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let hostport = self.endpoint.rsplit("//").next().expect("endpoint");
+        let (host, port) = hostport.rsplit_once(':').expect("host:port");
+        *self = Self::start_on(systems, None, None, host, port.parse().expect("port"));
+    }
+
+    /// The emulator on `ip:port` (port 0: an ephemeral one). Each system is
+    /// `(name, uuid, power_state)`: the fake driver serves it at `/redfish/v1/Systems/<uuid>`
+    /// and lists the UUID in the collection; a request by name is redirected (307) to it.
+    pub fn start_on(
+        systems: &[(&str, &str, &str)],
+        tls: Option<(&str, &str)>,
+        auth: Option<(&str, &str)>,
+        ip: &str,
+        port: u16,
+    ) -> Self {
+        Self::start_cmd(systems, tls, auth, ip, port, &[])
+    }
+
+    /// As [`Sushy::start_on`], run through `wrapper` (e.g. `ip netns exec <ns>`).
+    pub fn start_cmd(
+        systems: &[(&str, &str, &str)],
+        tls: Option<(&str, &str)>,
+        auth: Option<(&str, &str)>,
+        ip: &str,
+        port: u16,
+        wrapper: &[&str],
+    ) -> Self {
         let dir = TempDir::new("sushy");
         let mut tls_conf = String::new();
         if let Some((user, password)) = auth {
@@ -141,11 +178,11 @@ impl Sushy {
             let (c, k) = (dir.0.join("cert.pem"), dir.0.join("key.pem"));
             std::fs::write(&c, cert).expect("cert");
             std::fs::write(&k, key).expect("key");
-            tls_conf = format!(
+            tls_conf.push_str(&format!(
                 "SUSHY_EMULATOR_SSL_CERT = '{}'\nSUSHY_EMULATOR_SSL_KEY = '{}'\n",
                 c.display(),
                 k.display()
-            );
+            ));
         }
         let list: Vec<String> = systems
             .iter()
@@ -157,13 +194,22 @@ impl Sushy {
         std::fs::write(
             &conf,
             format!(
-                "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = 0\nSUSHY_EMULATOR_STATE_DIR = '{}'\nSUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_FAKE_SYSTEMS = [{}]\n{tls_conf}",
+                "SUSHY_EMULATOR_LISTEN_IP = '{ip}'\nSUSHY_EMULATOR_LISTEN_PORT = {port}\nSUSHY_EMULATOR_STATE_DIR = '{}'\nSUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_FAKE_SYSTEMS = [{}]\n{tls_conf}",
                 dir.0.join("state").display(),
                 list.join(", ")
             ),
         )
         .expect("write sushy config");
-        let mut child = Command::new(find_tool("sushy-emulator"))
+        let sushy = find_tool("sushy-emulator");
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&sushy);
+                c
+            }
+            None => Command::new(&sushy),
+        };
+        let mut child = cmd
             .arg("--config")
             .arg(&conf)
             .stdout(Stdio::piped())
