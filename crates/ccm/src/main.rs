@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod breakage;
 mod cluster;
+mod conformance;
 mod demo;
 mod doctor;
 mod manifests;
@@ -55,6 +56,9 @@ enum Command {
     /// kubelet flags, LoadBalancer Services, route syncs. Exit status 0 all ok, 1 warnings,
     /// 2 failures.
     Doctor(doctor::DoctorOptions),
+    /// Check a cloud provider against every rule of the provider traits (read-only unless
+    /// --destructive); JUnit XML and JSON reports. Exit status 0 all rules hold, 1 a rule broken.
+    Conformance(conformance::ConformanceOptions),
 }
 
 /// Installed as `kubectl-ccm` (a link to `ccm`), the binary is a kubectl plugin:
@@ -97,6 +101,10 @@ fn main() -> ExitCode {
             Some(Command::Doctor(opts)) => {
                 logging::quiet();
                 doctor::run(opts).await
+            }
+            Some(Command::Conformance(opts)) => {
+                logging::quiet();
+                conformance::run(opts).await
             }
             Some(Command::KubeSim(opts)) => {
                 logging::init(2, ccm_manager::options::LogFormat::Text);

@@ -1,0 +1,457 @@
+//! The metal provider against the sushy-tools Redfish emulator: machines from the cloud-config
+//! inventory whose BMC System ids differ from the Node names, power state from Redfish, LB
+//! addresses from a pool. For the fault rules the same provider code is built from the same
+//! inventory with every BMC endpoint pointed at a small endpoint answering the injected error
+//! (500, 401, 429, or a dropped connection) — a hand-written stand-in: sushy cannot fail on
+//! request. Routes (kernel routes in a network namespace) are not configured here, so the route
+//! rules report NOT RUN; docs/conformance.md says so.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ccm_cloud::k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
+use ccm_cloud::{
+    CloudProvider, CloudResult, InstanceMetadata, InstanceStatus, Instances, LoadBalancer,
+    LoadBalancerStatus, Node, Route, Routes, Service, node_name,
+};
+use ccm_conformance::{
+    Fault, Harness, HarnessError, HarnessResult, Level, Outcome, Suite, SuiteOptions, rules,
+};
+use parking_lot::Mutex;
+
+/// (node name, Redfish System id, internal IP): System ids are not the Node names, as on real
+/// BMCs.
+const MACHINES: [(&str, &str, &str); 6] = [
+    (
+        "metal-0",
+        "5c0e0d4a-0000-4000-8000-000000000000",
+        "192.168.60.10",
+    ),
+    (
+        "metal-1",
+        "5c0e0d4a-0000-4000-8000-000000000001",
+        "192.168.60.11",
+    ),
+    (
+        "metal-2",
+        "5c0e0d4a-0000-4000-8000-000000000002",
+        "192.168.60.12",
+    ),
+    (
+        "metal-3",
+        "5c0e0d4a-0000-4000-8000-000000000003",
+        "192.168.60.13",
+    ),
+    (
+        "metal-4",
+        "5c0e0d4a-0000-4000-8000-000000000004",
+        "192.168.60.14",
+    ),
+    (
+        "metal-5",
+        "5c0e0d4a-0000-4000-8000-000000000005",
+        "192.168.60.15",
+    ),
+];
+
+fn tool(name: &str) -> PathBuf {
+    let on_path = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(name))
+            .find(|c| c.is_file())
+    });
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../.venv/bin")
+        .join(name);
+    on_path
+        .or_else(|| venv.is_file().then_some(venv))
+        .unwrap_or_else(|| panic!("{name} not found on PATH or in <workspace>/.venv/bin: run .ci/run (.ci/setup.d installs sushy-tools)"))
+}
+
+struct Sushy {
+    child: Child,
+    endpoint: String,
+}
+
+impl Drop for Sushy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_sushy(dir: &std::path::Path) -> Sushy {
+    let systems: Vec<String> = MACHINES
+        .iter()
+        .map(|(name, uuid, _)| format!("{{'uuid': '{uuid}', 'name': 'bmc-{name}', 'power_state': 'On', 'external_notifier': False, 'nics': []}}"))
+        .collect();
+    let conf = dir.join("emulator.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = 0\nSUSHY_EMULATOR_STATE_DIR = '{}'\nSUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_FAKE_SYSTEMS = [{}]\n",
+            dir.join("state").display(),
+            systems.join(", ")
+        ),
+    )
+    .expect("sushy config");
+    let mut child = Command::new(tool("sushy-emulator"))
+        .arg("--config")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sushy-emulator");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("Running on ").nth(1) {
+                let _ = tx.send(rest.trim().to_string());
+            }
+        }
+    });
+    let endpoint = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("sushy address");
+    Sushy { child, endpoint }
+}
+
+fn config(bmc: &str) -> String {
+    let mut s = String::from("[bmc]\nconcurrency = 4\ntimeout_ms = 2000\n");
+    for (name, uuid, ip) in MACHINES {
+        s.push_str(&format!(
+            "\n[[machines]]\nname = \"{name}\"\ninstance_type = \"r640\"\nzone = \"rack-1\"\nregion = \"dc-1\"\ninternal_ips = [\"{ip}\"]\n[machines.bmc]\nendpoint = \"{bmc}\"\nsystem = \"{uuid}\"\n"
+        ));
+    }
+    s.push_str("\n[[pools]]\nname = \"conformance\"\naddresses = [\"192.0.2.0/28\"]\n");
+    s
+}
+
+fn build(dir: &std::path::Path, file: &str, bmc: &str) -> Arc<dyn CloudProvider> {
+    let path = dir.join(file);
+    std::fs::write(&path, config(bmc)).expect("cloud-config");
+    let mut reg = ccm_cloud::ProviderRegistry::new();
+    ccm_provider_metal::register(&mut reg).expect("register");
+    reg.build("metal", Some(&path))
+        .expect("metal provider from the cloud-config")
+}
+
+/// Answers every request with the injected fault: a status and a Redfish error body, or a
+/// dropped connection.
+struct FaultServer {
+    url: String,
+    fault: Arc<Mutex<Fault>>,
+}
+
+impl FaultServer {
+    async fn start() -> FaultServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let fault = Arc::new(Mutex::new(Fault::ServerError));
+        let f = fault.clone();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let fault = *f.lock();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = [0u8; 16384];
+                    let _ = sock.read(&mut buf).await;
+                    let (code, extra) = match fault {
+                        Fault::ServerError => (500, ""),
+                        Fault::Forbidden => (401, "www-authenticate: Basic realm=\"bmc\"\r\n"),
+                        Fault::Throttle => (429, "retry-after: 1\r\n"),
+                        Fault::NotFound => (404, ""),
+                        Fault::Timeout | Fault::Latency(_) => return,
+                    };
+                    let body = "{\"error\":{\"code\":\"Base.1.0.GeneralError\",\"message\":\"injected by the conformance suite\"}}";
+                    let resp = format!(
+                        "HTTP/1.1 {code} Injected\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = sock.write_all(resp.as_bytes()).await;
+                });
+            }
+        });
+        FaultServer { url, fault }
+    }
+}
+
+/// The provider under test, or the same provider built against the fault endpoint.
+struct Switching {
+    normal: Arc<dyn CloudProvider>,
+    faulty: Arc<dyn CloudProvider>,
+    fault: AtomicBool,
+}
+
+impl Switching {
+    fn now(&self) -> &Arc<dyn CloudProvider> {
+        if self.fault.load(Ordering::SeqCst) {
+            &self.faulty
+        } else {
+            &self.normal
+        }
+    }
+    fn i(&self) -> Arc<dyn Instances> {
+        self.now().instances().expect("metal has Instances")
+    }
+    fn lb(&self) -> Arc<dyn LoadBalancer> {
+        self.now().load_balancer().expect("metal has LoadBalancer")
+    }
+}
+
+struct SwitchingProvider(Arc<Switching>);
+
+#[async_trait]
+impl CloudProvider for SwitchingProvider {
+    /// Both builds rebuild their address tables from the cluster.
+    async fn initialize(&self, ctx: ccm_cloud::InitContext) -> CloudResult<()> {
+        self.0.normal.initialize(ctx.clone()).await?;
+        self.0.faulty.initialize(ctx).await
+    }
+    fn provider_name(&self) -> &str {
+        self.0.normal.provider_name()
+    }
+    fn instances(&self) -> Option<Arc<dyn Instances>> {
+        Some(self.0.clone())
+    }
+    fn load_balancer(&self) -> Option<Arc<dyn LoadBalancer>> {
+        Some(self.0.clone())
+    }
+    fn routes(&self) -> Option<Arc<dyn Routes>> {
+        // Not configured: kernel routes need a network namespace of their own.
+        None
+    }
+}
+
+#[async_trait]
+impl Instances for Switching {
+    async fn instance_exists(&self, n: &Node) -> CloudResult<bool> {
+        self.i().instance_exists(n).await
+    }
+    async fn instance_shutdown(&self, n: &Node) -> CloudResult<bool> {
+        self.i().instance_shutdown(n).await
+    }
+    async fn instance_metadata(&self, n: &Node) -> CloudResult<Option<InstanceMetadata>> {
+        self.i().instance_metadata(n).await
+    }
+    async fn instances_metadata(&self, n: &[Node]) -> Vec<CloudResult<Option<InstanceMetadata>>> {
+        self.i().instances_metadata(n).await
+    }
+    async fn instances_status(&self, n: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
+        self.i().instances_status(n).await
+    }
+}
+
+#[async_trait]
+impl LoadBalancer for Switching {
+    async fn get_load_balancer(
+        &self,
+        c: &str,
+        s: &Service,
+    ) -> CloudResult<Option<LoadBalancerStatus>> {
+        self.lb().get_load_balancer(c, s).await
+    }
+    fn load_balancer_name(&self, c: &str, s: &Service) -> String {
+        self.lb().load_balancer_name(c, s)
+    }
+    async fn ensure_load_balancer(
+        &self,
+        c: &str,
+        s: &Service,
+        n: &[Node],
+    ) -> CloudResult<LoadBalancerStatus> {
+        self.lb().ensure_load_balancer(c, s, n).await
+    }
+    async fn update_load_balancer(&self, c: &str, s: &Service, n: &[Node]) -> CloudResult<()> {
+        self.lb().update_load_balancer(c, s, n).await
+    }
+    async fn ensure_load_balancer_deleted(&self, c: &str, s: &Service) -> CloudResult<()> {
+        self.lb().ensure_load_balancer_deleted(c, s).await
+    }
+}
+
+#[async_trait]
+impl Routes for Switching {
+    async fn list_routes(&self, _c: &str) -> CloudResult<Vec<Route>> {
+        Err(ccm_cloud::CloudError::NotImplemented)
+    }
+    async fn create_route(&self, _c: &str, _h: &str, _r: &Route) -> CloudResult<()> {
+        Err(ccm_cloud::CloudError::NotImplemented)
+    }
+    async fn delete_route(&self, _c: &str, _r: &Route) -> CloudResult<()> {
+        Err(ccm_cloud::CloudError::NotImplemented)
+    }
+}
+
+struct MetalHarness {
+    provider: Arc<dyn CloudProvider>,
+    switch: Arc<Switching>,
+    faults: FaultServer,
+    sushy: Sushy,
+    /// The cluster the provider reads Services from at `initialize` (its address table).
+    kube: ccm_kube_sim::KubeSim,
+    /// Machines of the inventory not yet handed out: "creating an instance" provisions one.
+    spare: Mutex<Vec<usize>>,
+}
+
+fn node_of(i: usize) -> Node {
+    let (name, _, ip) = MACHINES[i];
+    let mut n = ccm_provider_sim::fixtures::node(name, None);
+    n.status = Some(NodeStatus {
+        addresses: Some(vec![NodeAddress {
+            type_: "InternalIP".into(),
+            address: ip.into(),
+        }]),
+        ..Default::default()
+    });
+    n
+}
+
+impl MetalHarness {
+    async fn reset(&self, node: &Node, reset: &str) -> HarnessResult<()> {
+        let uuid = MACHINES
+            .iter()
+            .find(|(n, _, _)| *n == node_name(node))
+            .map(|m| m.1)
+            .ok_or_else(|| HarnessError::Failed(format!("no machine {}", node_name(node))))?;
+        let url = format!(
+            "{}/redfish/v1/Systems/{uuid}/Actions/ComputerSystem.Reset",
+            self.sushy.endpoint
+        );
+        let out = tokio::process::Command::new("curl")
+            .args([
+                "-sS",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-X",
+                "POST",
+                "-H",
+                "Content-Type: application/json",
+            ])
+            .args(["-d", &format!("{{\"ResetType\": \"{reset}\"}}"), &url])
+            .output()
+            .await
+            .map_err(|e| HarnessError::Failed(format!("curl: {e}")))?;
+        let code = String::from_utf8_lossy(&out.stdout).to_string();
+        if code.starts_with('2') {
+            Ok(())
+        } else {
+            Err(HarnessError::Failed(format!(
+                "Redfish Reset {reset}: HTTP {code}"
+            )))
+        }
+    }
+}
+
+#[async_trait]
+impl Harness for MetalHarness {
+    fn provider(&self) -> Arc<dyn CloudProvider> {
+        self.provider.clone()
+    }
+    async fn init_context(&self) -> Option<ccm_cloud::InitContext> {
+        Some(ccm_cloud::InitContext {
+            client: self.kube.client().ok()?,
+            shutdown: tokio_util::sync::CancellationToken::new(),
+        })
+    }
+    async fn existing_nodes(&self) -> Vec<Node> {
+        vec![node_of(0)]
+    }
+    async fn create_instance(&self, _name: &str) -> HarnessResult<Node> {
+        let i = self.spare.lock().pop().ok_or_else(|| {
+            HarnessError::Unsupported("every machine of the inventory is in use".into())
+        })?;
+        Ok(node_of(i))
+    }
+    async fn stop_instance(&self, node: &Node) -> HarnessResult<()> {
+        self.reset(node, "ForceOff").await
+    }
+    async fn start_instance(&self, node: &Node) -> HarnessResult<()> {
+        self.reset(node, "On").await
+    }
+    async fn terminate_instance(&self, _node: &Node) -> HarnessResult<()> {
+        Err(HarnessError::Unsupported(
+            "a machine leaves by an edit of the cloud-config inventory; not driven here".into(),
+        ))
+    }
+    async fn inject(&self, fault: Fault) -> HarnessResult<()> {
+        if let Fault::Latency(_) = fault {
+            return Err(HarnessError::Unsupported(
+                "sushy-tools cannot be made slow".into(),
+            ));
+        }
+        *self.faults.fault.lock() = fault;
+        self.switch.fault.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+    async fn clear_faults(&self) {
+        self.switch.fault.store(false, Ordering::SeqCst);
+    }
+    /// sushy-tools' fake driver applies a power change about 5 s after the Reset.
+    fn settle_timeout(&self) -> Duration {
+        Duration::from_secs(15)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metal_on_sushy_contract() {
+    let dir = std::env::temp_dir().join(format!("ccm-conformance-metal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let sushy = start_sushy(&dir);
+    let faults = FaultServer::start().await;
+    let switch = Arc::new(Switching {
+        normal: build(&dir, "metal.toml", &sushy.endpoint),
+        faulty: build(&dir, "metal-faulty.toml", &faults.url),
+        fault: AtomicBool::new(false),
+    });
+    let harness = MetalHarness {
+        provider: Arc::new(SwitchingProvider(switch.clone())),
+        switch,
+        faults,
+        sushy,
+        kube: ccm_kube_sim::KubeSim::start(ccm_kube_sim::Config::default())
+            .await
+            .expect("kube-sim"),
+        spare: Mutex::new(vec![5, 4, 3, 2, 1]),
+    };
+    let opts = SuiteOptions::new(Level::Destructive)
+        .known_defect(
+            &rules::THROTTLED,
+            "a BMC's HTTP 429 Too Many Requests surfaces as CloudError::Transient, not Throttled",
+        )
+        .known_defect_case(
+            &rules::ERROR_NEVER_GONE,
+            "NotFound",
+            "a BMC answering 404 for the configured System is reported gone (Power::NoSuchSystem → exists: false)",
+        );
+    let suite = Suite::new(Arc::new(harness), opts);
+    let report = suite.run().await;
+    println!("{}", report.summary());
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(report.passed(), "{}", report.summary());
+    // Every other fault case holds: only the 404 is the known defect.
+    assert!(
+        report
+            .of(rules::ERROR_NEVER_GONE.id)
+            .all(|c| c.outcome == Outcome::Pass || c.case == "NotFound"),
+        "{}",
+        report.summary()
+    );
+    for r in [&rules::INSTANCE_STOPPED, &rules::LB_ENSURE_IDEMPOTENT] {
+        assert!(
+            report.of(r.id).all(|c| c.outcome == Outcome::Pass),
+            "{}",
+            report.summary()
+        );
+    }
+}
