@@ -13,7 +13,7 @@ use ccm_cloud::{
 
 use crate::annotations::{self, Kind, LbSpec};
 use crate::cloud::AwsCloud;
-use crate::providerid::parse_provider_id;
+use crate::providerid::ec2_instance_id;
 use crate::routes::CLUSTER_TAG_PREFIX;
 
 /// Tag with the Service's `namespace/name` (upstream `kubernetes.io/service-name`).
@@ -45,13 +45,15 @@ pub(crate) fn status(dns: &str) -> LoadBalancerStatus {
 
 impl AwsCloud {
     /// Instance ids of the Nodes, from their providerIDs, else from memory or a lookup by name.
+    /// Fargate and hybrid Nodes have no instance to put behind a load balancer: they are left
+    /// out, so that one of them never fails the other Nodes' backends.
     pub(crate) async fn node_instance_ids(&self, nodes: &[Node]) -> CloudResult<BTreeSet<String>> {
         let mut ids = BTreeSet::new();
         let mut names = Vec::new();
         for n in nodes {
             let pid = node_provider_id(n);
             if !pid.is_empty() {
-                ids.insert(parse_provider_id(pid)?.to_string());
+                ids.extend(ec2_instance_id(pid)?.map(str::to_string));
             } else if let Some(id) = self.inner.memory.lock().node_to_instance.get(node_name(n)) {
                 ids.insert(id.clone());
             } else {

@@ -586,3 +586,19 @@ fn only_ec2s_word_about_an_instance_id_makes_a_node_gone() {
     assert!(matches!(meta[1], Ok(Some(_))), "the EC2 Node beside it");
     assert_eq!(fake.calls("DescribeInstances"), before + 1);
 }
+
+#[test]
+fn fargate_and_hybrid_nodes_stay_out_of_load_balancer_backends_without_failing_them() {
+    let fake = fleet(2, |_| "running");
+    let cloud = provider(&fake);
+    let fargate = node(
+        "fargate-ip-10-0-1-7.ec2.internal",
+        Some("aws:///us-east-1a/fargate-ip-10-0-1-7.ec2.internal".into()),
+    );
+    let hybrid = node("edge-1", Some("eks-hybrid:///us-east-1/prod/edge-1".into()));
+    let ids = rt()
+        .block_on(cloud.node_instance_ids(&[with_pid(0), fargate, hybrid, with_pid(1)]))
+        .expect("one Fargate or hybrid Node never fails the others' backends");
+    assert_eq!(ids.into_iter().collect::<Vec<_>>(), vec![id(0), id(1)]);
+    assert_eq!(fake.calls("DescribeInstances"), 0, "providerIDs need no lookup");
+}
