@@ -330,8 +330,19 @@ impl LoadBalancer for MetalCloud {
         service: &Service,
     ) -> CloudResult<Option<LoadBalancerStatus>> {
         let key = key_of(service);
-        self.with_allocator(|a| Ok(a.held(&key).map(status_of)))
-            .await
+        let pending = &self.inner.lb.pending;
+        self.with_allocator(|a| {
+            Ok(match a.held(&key) {
+                Some(ips) => Some(status_of(ips)),
+                // A waiting Service's claim on a requested address is state to clean up too:
+                // "exists", so the controller's delete path calls ensure_load_balancer_deleted.
+                None if !a.taken_by(&key).is_empty() || pending.lock().contains(&key) => {
+                    Some(LoadBalancerStatus::default())
+                }
+                None => None,
+            })
+        })
+        .await
     }
 
     async fn ensure_load_balancer(

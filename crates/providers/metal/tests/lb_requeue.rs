@@ -220,6 +220,62 @@ async fn a_waiting_service_gets_an_address_as_soon_as_one_frees_or_the_pool_grow
     kube.shutdown().await;
 }
 
+/// A Service deleted while it waits for the address it requested leaves no claim behind: the
+/// address goes to the next Service once its holder lets it go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_request_deleted_leaves_no_claim() {
+    let dir = TempDir::new("claim");
+    let (kube, _kubeconfig, client) = kube_sim(&dir.0).await;
+    let api: Api<Service> = Api::namespaced(client.clone(), "default");
+    let pp = PostParams::default();
+    let run = start(&client, ONE_ADDRESS).await;
+
+    api.create(&pp, &service("holder", None))
+        .await
+        .expect("holder");
+    wait_for("holder gets the only address", || async {
+        ingress(&api, "holder").await == ["192.0.2.10"]
+    })
+    .await;
+    let mut asker = service("asker", None);
+    asker.metadata.annotations = Some(
+        [(
+            "metal.ccm-rs.io/load-balancer-ips".to_string(),
+            "192.0.2.10".to_string(),
+        )]
+        .into(),
+    );
+    api.create(&pp, &asker).await.expect("asker");
+    wait_for("asker is refused (address held)", || async {
+        warned(&client, "asker").await
+    })
+    .await;
+    api.delete("asker", &DeleteParams::default())
+        .await
+        .expect("delete asker");
+    wait_for("asker is gone", || async {
+        api.get_opt("asker").await.expect("get").is_none()
+    })
+    .await;
+
+    api.create(&pp, &service("next", None)).await.expect("next");
+    wait_for("next is refused (pool full)", || async {
+        warned(&client, "next").await
+    })
+    .await;
+    api.delete("holder", &DeleteParams::default())
+        .await
+        .expect("delete holder");
+    wait_for(
+        "next gets the address: no claim of the deleted asker holds it",
+        || async { ingress(&api, "next").await == ["192.0.2.10"] },
+    )
+    .await;
+
+    run.stop().await;
+    kube.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_class_configured_exactly_the_services_of_that_class_are_served() {
     let dir = TempDir::new("class");
