@@ -140,8 +140,11 @@ impl<'a> World<'a> {
 
     /// What a kubelet with `--cloud-provider=external` does: an instance boots, its Node
     /// registers tainted with a pod CIDR (from kube-controller-manager's IPAM), then Ready.
-    async fn join(&self, name: &str, i: usize) -> Result<Node, Verdict> {
-        let inst = self.ctx.create_instance(name).await?;
+    /// Returns the Node's name: the cloud may name the instance itself (EC2's private DNS name).
+    async fn join(&self, wish: &str, i: usize) -> Result<String, Verdict> {
+        let inst = self.ctx.create_instance(wish).await?;
+        let name = ccm_cloud::node_name(&inst).to_string();
+        let name = name.as_str();
         let cidr = crate::routes::subnet(self.ctx, 10 + i).to_string();
         let node: Node = serde_json::from_value(json!({
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
@@ -157,7 +160,7 @@ impl<'a> World<'a> {
             .await
             .map_err(|e| Verdict::NotRun(format!("registering node {name}: {e}")))?;
         self.ready(name, true, &inst).await?;
-        Ok(inst)
+        Ok(name.to_string())
     }
 
     async fn ready(&self, name: &str, ready: bool, inst: &Node) -> Result<(), Verdict> {
@@ -305,9 +308,9 @@ pub(crate) async fn run(ctx: &Ctx) {
 
 /// A Node joins and is initialized: taint gone, providerID of this provider.
 async fn node_join(w: &World<'_>, tag: &str) -> Result<String, Verdict> {
-    let name = format!("{}-{tag}", w.ctx.cluster());
+    let wish = format!("{}-{tag}", w.ctx.cluster());
     let n = w.joined.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    w.join(&name, n).await?;
+    let name = w.join(&wish, n).await?;
     let prefix = format!("{}://", w.ctx.provider.provider_name());
     let done = w
         .until(|| async {

@@ -5,7 +5,9 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use ccm_cloud::{CloudResult, InstanceMetadata, InstanceStatus, Instances, Node, node_name};
+use ccm_cloud::{
+    CloudError, CloudResult, InstanceMetadata, InstanceStatus, Instances, Node, node_name,
+};
 use tokio::time::Instant;
 
 use crate::harness::Fault;
@@ -286,19 +288,28 @@ fn same_answer<T: PartialEq + std::fmt::Debug>(
     }
 }
 
+/// Two batches, as a cluster has them (Node names are unique in each): the Nodes as kubelets
+/// register them plus an absent one, then the same Nodes carrying their providerIDs.
 async fn batch_equals_single(ctx: &Ctx, inst: &dyn Instances, nodes: &[Node]) -> Check {
-    let mut batch: Vec<Node> = Vec::new();
+    let mut by_name: Vec<Node> = nodes.iter().map(without_provider_id).collect();
+    by_name.push(ccm_cloud_node(&format!("{}-absent", ctx.cluster())));
+    let mut by_id = Vec::new();
     for n in nodes {
-        batch.push(n.clone());
         if let Ok(Some(md)) = inst.instance_metadata(n).await
             && !md.provider_id.is_empty()
         {
-            batch.push(with_provider_id(n, &md.provider_id));
+            by_id.push(with_provider_id(n, &md.provider_id));
         }
     }
-    batch.push(ccm_cloud_node(&format!("{}-absent", ctx.cluster())));
-    let statuses = inst.instances_status(&batch).await;
-    let metas = inst.instances_metadata(&batch).await;
+    for batch in [by_name, by_id] {
+        same_batch(inst, &batch).await?;
+    }
+    Ok(())
+}
+
+async fn same_batch(inst: &dyn Instances, batch: &[Node]) -> Check {
+    let statuses = inst.instances_status(batch).await;
+    let metas = inst.instances_metadata(batch).await;
     if statuses.len() != batch.len() || metas.len() != batch.len() {
         return fail(format!(
             "{} Nodes in, {} statuses and {} metadata out",
@@ -332,7 +343,7 @@ async fn single_status(inst: &dyn Instances, n: &Node) -> CloudResult<InstanceSt
     let shutdown = if exists {
         match inst.instance_shutdown(n).await {
             Ok(s) => s,
-            Err(ccm_cloud::CloudError::NotImplemented) => false,
+            Err(CloudError::NotImplemented) => false,
             Err(e) => return Err(e),
         }
     } else {
@@ -482,11 +493,23 @@ async fn terminated(ctx: &Ctx, inst: &dyn Instances) -> Check {
     };
     ctx.harness.terminate_instance(&node).await?;
     for n in [without_provider_id(&node), with_provider_id(&node, &pid)] {
+        // A Node without providerID (never initialized) may get InstanceNotFound instead, as
+        // upstream's lookup by name answers: an error, so such a Node is never deleted on it.
+        let by_name = ccm_cloud::node_provider_id(&n).is_empty();
+        let gone_answer = |r: &CloudResult<bool>| match r {
+            Ok(false) => true,
+            Err(CloudError::InstanceNotFound) => by_name,
+            _ => false,
+        };
         let gone = ctx
             .settle(|| async {
                 let batch = inst.instances_status(std::slice::from_ref(&n)).await;
-                let batch_gone = matches!(batch.first(), Some(Ok(s)) if !s.exists);
-                (matches!(inst.instance_exists(&n).await, Ok(false)) && batch_gone).then_some(())
+                let batch_gone = match batch.first() {
+                    Some(Ok(s)) => !s.exists,
+                    Some(Err(CloudError::InstanceNotFound)) => by_name,
+                    _ => false,
+                };
+                (gone_answer(&inst.instance_exists(&n).await) && batch_gone).then_some(())
             })
             .await;
         if gone.is_none() {

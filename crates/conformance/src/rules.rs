@@ -36,7 +36,7 @@ rules! {
         "a stopped instance exists (Ok(true)) and is shut down; started again it is not shut down",
         "a stopped Node reported missing is deleted instead of getting the shutdown taint";
     INSTANCE_TERMINATED = "instances.terminated-is-gone",
-        "a terminated instance is reported Ok(false) / exists: false",
+        "a terminated instance is reported Ok(false) / exists: false (looked up by name, Err(InstanceNotFound) is allowed too)",
         "Nodes of terminated instances are never cleaned up";
     ERROR_NEVER_GONE = "instances.error-is-never-gone",
         "a cloud error (5xx, 403, timeout, throttling, a 404 that is not an authoritative answer) is an Err, never Ok(false) or exists: false",
