@@ -600,5 +600,9 @@ fn fargate_and_hybrid_nodes_stay_out_of_load_balancer_backends_without_failing_t
         .block_on(cloud.node_instance_ids(&[with_pid(0), fargate, hybrid, with_pid(1)]))
         .expect("one Fargate or hybrid Node never fails the others' backends");
     assert_eq!(ids.into_iter().collect::<Vec<_>>(), vec![id(0), id(1)]);
-    assert_eq!(fake.calls("DescribeInstances"), 0, "providerIDs need no lookup");
+    assert_eq!(
+        fake.calls("DescribeInstances"),
+        0,
+        "providerIDs need no lookup"
+    );
 }
