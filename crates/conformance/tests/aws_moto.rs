@@ -355,6 +355,7 @@ impl AwsHarness {
             .vpc
             .and_then(|v| v.vpc_id)
             .expect("vpc");
+        public_vpc(&ec2, &vpc).await?;
         let mut subnet = String::new();
         for (i, zone) in ["a", "b"].iter().enumerate() {
             let s = ec2
@@ -677,4 +678,44 @@ async fn aws_on_moto_contract() {
             report.summary()
         );
     }
+}
+
+/// An internet gateway and a default route to it in the VPC's main route table: its subnets
+/// become public, as internet-facing load balancers need (the provider places them only in
+/// subnets with an internet-gateway route, as cloud-provider-aws does).
+async fn public_vpc(ec2: &aws_sdk_ec2::Client, vpc: &str) -> anyhow::Result<()> {
+    let igw = ec2
+        .create_internet_gateway()
+        .send()
+        .await?
+        .internet_gateway
+        .and_then(|g| g.internet_gateway_id)
+        .expect("internet gateway id");
+    ec2.attach_internet_gateway()
+        .internet_gateway_id(&igw)
+        .vpc_id(vpc)
+        .send()
+        .await?;
+    let tables = ec2
+        .describe_route_tables()
+        .filters(Filter::builder().name("vpc-id").values(vpc).build())
+        .filters(
+            Filter::builder()
+                .name("association.main")
+                .values("true")
+                .build(),
+        )
+        .send()
+        .await?;
+    let main = tables.route_tables()[0]
+        .route_table_id()
+        .expect("main route table")
+        .to_string();
+    ec2.create_route()
+        .route_table_id(main)
+        .destination_cidr_block("0.0.0.0/0")
+        .gateway_id(igw)
+        .send()
+        .await?;
+    Ok(())
 }

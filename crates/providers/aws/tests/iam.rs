@@ -23,8 +23,10 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Calls the setup makes before enforcement starts: the world (VPC, 2 subnets, route table,
-/// security group), 2 `RunInstances`, and 3 IAM calls for the CCM's user.
-const SETUP_CALLS: &str = "10";
+/// security group), its internet gateway (create, attach, find the main route table, default
+/// route: an internet-facing NLB goes only into public subnets), 2 `RunInstances`, and 3 IAM
+/// calls for the CCM's user.
+const SETUP_CALLS: &str = "14";
 const NODES: usize = 4;
 
 /// The JSON block under "## IAM policy" in docs/providers/aws.md.
@@ -105,6 +107,7 @@ async fn the_documented_policy_is_enough_under_iam_enforcement() -> anyhow::Resu
     let region = "us-east-1";
     let moto = Moto::start_with_env(&[("INITIAL_NO_AUTH_ACTION_COUNT", SETUP_CALLS)]);
     let world = AwsWorld::create(&moto, region).await?;
+    world.with_internet_gateway().await?;
     let mut instances = world.run_instances(NODES as i32 / 2, 0).await?;
     instances.extend(world.run_instances(NODES as i32 / 2, 1).await?);
     iam(&moto.url, &[("Action", "CreateUser"), ("UserName", "ccm")]).await?;

@@ -39,6 +39,7 @@ async fn burst_initializes_every_node_from_batched_lookups() -> anyhow::Result<(
     let t0 = std::time::Instant::now();
     let moto = Moto::start();
     let world = AwsWorld::create(&moto, "us-east-1").await?;
+    world.with_internet_gateway().await?;
     let mut instances = world.run_instances((BURST / 2) as i32, 0).await?;
     instances.extend(world.run_instances((BURST / 2) as i32, 1).await?);
     let mut cluster = Cluster::start().await?;

@@ -74,6 +74,19 @@ async fn launch(world: &AwsWorld, corp: &str, subnet: usize) -> anyhow::Result<(
         .subnet_id(&world.subnets[subnet])
         .security_group_ids(&world.node_sg)
         .security_group_ids(corp)
+        // The cluster's instances carry its tag, as kOps and EKS node groups tag theirs: Nodes
+        // are looked up by private DNS name inside the cluster only.
+        .tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::Instance)
+                .tags(
+                    Tag::builder()
+                        .key(format!("kubernetes.io/cluster/{}", common::CLUSTER))
+                        .value("owned")
+                        .build(),
+                )
+                .build(),
+        )
         .send()
         .await?;
     let i = &out.instances()[0];

@@ -19,6 +19,7 @@ const NODES: usize = 8;
 /// `/metrics` text.
 async fn bring_up(region: &str, proxy: &ThrottleProxy) -> anyhow::Result<(u64, String)> {
     let world = AwsWorld::create(Moto::shared(), region).await?;
+    world.with_internet_gateway().await?;
     let mut instances = world.run_instances(NODES as i32 / 2, 0).await?;
     instances.extend(world.run_instances(NODES as i32 / 2, 1).await?);
     let provider = ccm_provider_aws::AwsCloud::with_sdk_config(

@@ -548,6 +548,12 @@ impl Allocator {
         Ok(())
     }
 
+    /// Whether a pool that may serve `req` (the named one, or any that admits it) contains `ip`.
+    fn may_hold(&self, req: &Request, ip: IpAddr) -> bool {
+        self.candidate_pools(req)
+            .is_ok_and(|pools| pools.iter().any(|p| p.contains(ip)))
+    }
+
     fn candidate_pools(&self, req: &Request) -> Result<Vec<&Pool>, AllocError> {
         if let Some(name) = &req.pool {
             let pool = self
@@ -612,12 +618,14 @@ impl Allocator {
         if pools.is_empty() {
             return Err(AllocError::NoPool { family });
         }
-        // What the Service holds in this family stays (a family change never renumbers it).
+        // What the Service holds in this family stays (a family change never renumbers it),
+        // also an address of a pool it may use but that does not auto-assign (it asked for
+        // that address once, then dropped the request).
         if let Some(h) = self.holdings.get(&req.key)
             && let Some(&ip) = h
                 .ips
                 .iter()
-                .find(|ip| Family::of(**ip) == family && pools.iter().any(|p| p.contains(**ip)))
+                .find(|ip| Family::of(**ip) == family && self.may_hold(req, **ip))
             && self.check_shareable(ip, req).is_ok()
         {
             return Ok(ip);
