@@ -1,5 +1,5 @@
 #!/bin/bash
-# The first-round CCM (main 1ef0161, the code measured on kube-apiserver in issue 17) under
+# The first-round CCM (main 1ef0161, the code measured on kube-apiserver on 2026-11-23) under
 # today's `ccm bench`: it knows no --cert-dir, so this makes a CA + serving pair where the
 # bench's scraper reads it and passes it as --tls-cert-file / --tls-private-key-file.
 args=()

@@ -1,6 +1,6 @@
 //! The controller manager runs with one glibc malloc arena (`GLIBC_TUNABLES`, set by
 //! re-executing itself at start-up): with an arena per thread, an idle CCM's RSS grew with
-//! every periodic refresh while its heap stayed flat (docs/BENCHMARKS.md, issue 17).
+//! every periodic refresh while its heap stayed flat (docs/BENCHMARKS.md).
 
 #![cfg(all(target_os = "linux", target_env = "gnu"))]
 
