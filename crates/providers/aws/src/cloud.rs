@@ -55,6 +55,9 @@ pub(crate) struct Memory {
     pub route_tables: HashMap<String, Vec<String>>,
     /// Availability zone name → zone id.
     pub zone_ids: HashMap<String, String>,
+    /// Availability zone name → zone type (`availability-zone`, `local-zone`,
+    /// `wavelength-zone`): facts that never change, learnt with the zone ids.
+    pub zone_types: HashMap<String, String>,
     /// Node name → instance, as recently found by name (answers lookups while fresh).
     pub by_name: HashMap<String, crate::instances::Seen>,
     /// LB name → the instances its last successful ensure or update made its backends.

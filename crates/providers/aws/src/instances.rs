@@ -650,21 +650,33 @@ impl AwsCloud {
             None
         };
         if missing() {
-            let ec2 = self.clients().await?.ec2.clone();
-            let out = self
-                .call(
-                    "DescribeAvailabilityZones",
-                    ec2.describe_availability_zones().send(),
-                )
-                .await?;
-            let mut mem = self.inner.memory.lock();
-            for z in out.availability_zones() {
-                if let (Some(name), Some(id)) = (z.zone_name(), z.zone_id()) {
-                    mem.zone_ids.insert(name.to_string(), id.to_string());
-                }
-            }
+            self.learn_zones().await?;
         }
         Ok(self.inner.memory.lock().zone_ids.clone())
+    }
+
+    /// One `DescribeAvailabilityZones` of every zone the account sees: their ids (node labels)
+    /// and types (load-balancer subnets skip local and wavelength zones), remembered for good.
+    /// Callers hold `zone_flight`, so lookups that miss together share the call.
+    pub(crate) async fn learn_zones(&self) -> CloudResult<()> {
+        let ec2 = self.clients().await?.ec2.clone();
+        let out = self
+            .call(
+                "DescribeAvailabilityZones",
+                ec2.describe_availability_zones().send(),
+            )
+            .await?;
+        let mut mem = self.inner.memory.lock();
+        for z in out.availability_zones() {
+            let Some(name) = z.zone_name() else { continue };
+            if let Some(id) = z.zone_id() {
+                mem.zone_ids.insert(name.to_string(), id.to_string());
+            }
+            if let Some(kind) = z.zone_type() {
+                mem.zone_types.insert(name.to_string(), kind.to_string());
+            }
+        }
+        Ok(())
     }
 
     fn metadata(

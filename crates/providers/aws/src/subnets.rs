@@ -149,28 +149,23 @@ impl AwsCloud {
         Ok(chosen)
     }
 
+    /// The types of `zones`, from what the provider learnt of the account's zones; one
+    /// `DescribeAvailabilityZones` when one of them is new to it.
     async fn zone_types(&self, zones: BTreeSet<String>) -> CloudResult<BTreeMap<String, String>> {
-        if zones.is_empty() {
-            return Ok(BTreeMap::new());
+        let missing = || {
+            let mem = self.inner.memory.lock();
+            zones.iter().any(|z| !mem.zone_types.contains_key(z))
+        };
+        if missing() {
+            let _one = self.inner.zone_flight.lock().await;
+            if missing() {
+                self.learn_zones().await?;
+            }
         }
-        let ec2 = self.clients().await?.ec2.clone();
-        let out = self
-            .call(
-                "DescribeAvailabilityZones",
-                ec2.describe_availability_zones()
-                    .filters(
-                        Filter::builder()
-                            .name("zone-name")
-                            .set_values(Some(zones.into_iter().collect()))
-                            .build(),
-                    )
-                    .send(),
-            )
-            .await?;
-        Ok(out
-            .availability_zones()
-            .iter()
-            .filter_map(|z| Some((z.zone_name()?.to_string(), z.zone_type()?.to_string())))
+        let mem = self.inner.memory.lock();
+        Ok(zones
+            .into_iter()
+            .filter_map(|z| mem.zone_types.get(&z).map(|t| (z, t.clone())))
             .collect())
     }
 }
