@@ -11,6 +11,7 @@ pub mod client_metrics;
 pub mod expfmt;
 mod http2;
 pub mod leader;
+pub mod leader_migration;
 pub mod logging;
 pub mod options;
 pub mod procfs;

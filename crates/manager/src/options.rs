@@ -155,12 +155,16 @@ pub struct RunOptions {
     pub contention_profiling: Option<bool>,
 
     // ---- Leader-migration flags
-    /// Upstream: migrate controllers from kube-controller-manager under a second lease.
-    /// Not implemented in ccm-rs: accepted, a startup warning says the main lease alone is used.
+    /// Whether to enable controller leader migration: the controllers the migration
+    /// configuration lists for this component run only while it holds the migration lease
+    /// (needs --leader-elect).
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, help_heading = "Leader-migration flags")]
     pub enable_leader_migration: Option<bool>,
 
-    /// Path to the LeaderMigrationConfiguration file. Accepted, no effect (see --enable-leader-migration).
+    /// Path to the config file for controller leader migration, or empty for the default
+    /// configuration (lease cloud-provider-extraction-migration; route, service and
+    /// cloud-node-lifecycle migrate). LeaderMigrationConfiguration, group
+    /// controllermanager.config.k8s.io, version v1 (v1beta1, v1alpha1 accepted).
     #[arg(long, help_heading = "Leader-migration flags")]
     pub leader_migration_config: Option<String>,
 
@@ -516,6 +520,9 @@ pub struct Validated {
     pub gates: std::collections::BTreeMap<String, bool>,
     /// Parsed `--cluster-cidr` (empty when not given).
     pub cluster_cidrs: Vec<ipnet::IpNet>,
+    /// The leader migration configuration, when `--enable-leader-migration` and
+    /// `--leader-elect` are both on.
+    pub leader_migration: Option<crate::leader_migration::LeaderMigrationConfig>,
 }
 
 /// The minimum TLS version from `--tls-min-version` (Go names). `None` when invalid.
@@ -567,6 +574,46 @@ impl RunOptions {
         }
     }
 
+    /// Upstream's `LeaderMigrationOptions.ApplyTo`: the file (or the default configuration),
+    /// validated; errors name the flag, the file's field and the fix.
+    fn validate_leader_migration(
+        &self,
+        errs: &mut Vec<String>,
+    ) -> Option<crate::leader_migration::LeaderMigrationConfig> {
+        use crate::leader_migration::LeaderMigrationConfig;
+        if self.enable_leader_migration != Some(true) || !self.leader_elect {
+            return None;
+        }
+        let path = self
+            .leader_migration_config
+            .as_deref()
+            .filter(|p| !p.is_empty());
+        let loaded = match path {
+            Some(p) => LeaderMigrationConfig::load(std::path::Path::new(p)),
+            None => Ok(LeaderMigrationConfig::default_config()),
+        };
+        let cfg = match loaded {
+            Ok(cfg) => cfg,
+            Err(problems) => {
+                let p = path.unwrap_or_default();
+                errs.extend(
+                    problems
+                        .into_iter()
+                        .map(|e| format!("--leader-migration-config={p}: {e}")),
+                );
+                return None;
+            }
+        };
+        if cfg.leader_name == self.leader_elect_resource_name {
+            errs.push(format!(
+                "--leader-migration-config: leaderName {:?} is the main lease (--leader-elect-resource-name); the migration lease needs its own name, e.g. {}",
+                cfg.leader_name,
+                crate::leader_migration::DEFAULT_LEADER_NAME
+            ));
+        }
+        Some(cfg)
+    }
+
     /// One line per flag given that ccm-rs accepts without acting on it (or only partly),
     /// saying why; printed at startup so an operator never mistakes "accepted" for "done".
     pub fn notices(&self) -> Vec<String> {
@@ -582,14 +629,14 @@ impl RunOptions {
             "there is no Go profiler to serve",
         );
         inert(
-            self.enable_leader_migration == Some(true),
+            self.enable_leader_migration == Some(true) && !self.leader_elect,
             "--enable-leader-migration",
-            "leader migration is not implemented; all enabled controllers run under the main lease",
+            "it needs --leader-elect=true; without leader election every enabled controller runs (as upstream)",
         );
         inert(
-            self.leader_migration_config.is_some(),
+            self.leader_migration_config.is_some() && self.enable_leader_migration != Some(true),
             "--leader-migration-config",
-            "leader migration is not implemented",
+            "leader migration is off; add --enable-leader-migration",
         );
         inert(
             self.external_cloud_volume_plugin.is_some(),
@@ -725,6 +772,7 @@ impl RunOptions {
             }
         }
         self.validate_serving(&mut errs);
+        let leader_migration = self.validate_leader_migration(&mut errs);
         if let Err(e) = crate::webhook::select(&self.webhooks, crate::webhook::KNOWN) {
             errs.push(e);
         }
@@ -825,6 +873,7 @@ impl RunOptions {
                 controllers: ControllerSelection { entries, star },
                 gates,
                 cluster_cidrs,
+                leader_migration,
                 options: self,
             })
         } else {

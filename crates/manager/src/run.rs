@@ -67,6 +67,14 @@ impl ControllerHandles {
             + self.route.as_ref().map_or(0, |h| h.pending())
             + self.service.as_ref().map_or(0, |h| h.pending())
     }
+
+    /// Adds the probes `other` has (controllers started under another lease).
+    fn merge(&mut self, other: ControllerHandles) {
+        self.node = other.node.or(self.node.take());
+        self.lifecycle = other.lifecycle.or(self.lifecycle.take());
+        self.route = other.route.or(self.route.take());
+        self.service = other.service.or(self.service.take());
+    }
 }
 
 /// Everything `run` needs besides options: where the provider comes from and where metrics go.
@@ -183,71 +191,17 @@ pub async fn run(
         "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name",
         master_status.clone(),
     );
-    let lease_label = NameLabel {
-        name: o.leader_elect_resource_name.clone(),
-    };
 
     let exit = if o.leader_elect {
-        // A candidate reports 0 ("backup") until it holds the lease, as upstream's
-        // NewLeaderElector does: dashboards count leaders and backups per lease.
-        master_status.get_or_create(&lease_label).set(0);
-        let identity = format!("{}_{}", hostname(), uuid_v4());
-        let mut elector = LeaderElector::new(
-            admin.clone(),
-            LeaderElectionConfig {
-                namespace: o.leader_elect_resource_namespace.clone(),
-                name: o.leader_elect_resource_name.clone(),
-                identity: identity.clone(),
-                lease_duration: o.leader_elect_lease_duration.0,
-                renew_deadline: o.leader_elect_renew_deadline.0,
-                retry_period: o.leader_elect_retry_period.0,
-            },
-        );
-        let leader = rt.leader.clone();
-        let tolerance = o.leader_elect_lease_duration.0 + Duration::from_secs(20);
-        rt.health.add_health(
-            "leaderElection",
-            Arc::new(move || match leader.since_renew() {
-                Some(d) if d > tolerance => Err(format!(
-                    "the lease was last renewed {d:?} ago, more than the lease duration + 20s"
-                )),
-                _ => Ok(()),
-            }),
-        );
-        tracing::info!(%identity, lease = %format!("{}/{}", o.leader_elect_resource_namespace, o.leader_elect_resource_name), "waiting to become leader");
-        if !elector.acquire(&shutdown).await {
-            serve_shutdown.cancel();
-            return Ok(Exit::Shutdown);
-        }
-        tracing::info!(%identity, "became leader");
-        master_status.get_or_create(&lease_label).set(1);
-        let controllers = shutdown.child_token();
-        let started = start_controllers(&v, provider, &admin, &base, rt, controllers.clone()).await;
-        let tasks = match started {
-            Ok(t) => t,
-            Err(e) => {
-                controllers.cancel();
-                elector.release().await;
-                return Err(e);
-            }
-        };
-        let still_leading = elector.keep_renewing(&rt.leader, &shutdown).await;
-        controllers.cancel();
-        rt.handles.send_replace(None);
-        master_status.get_or_create(&lease_label).set(0);
-        if still_leading {
-            // SIGTERM: let in-flight work finish (bounded), then hand the lease over.
-            let _ = tokio::time::timeout(DRAIN_TIMEOUT, futures::future::join_all(tasks)).await;
-            elector.release().await;
-            rt.leader.lost();
-            Exit::Shutdown
-        } else {
-            tracing::error!("leaderelection lost");
-            Exit::LeaderLost
-        }
+        lead(&v, provider, &admin, &base, rt, &shutdown, &master_status).await?
     } else {
+        // Without leader election every enabled controller runs, leader migration or not
+        // (upstream: leader migration needs --leader-elect).
         let controllers = shutdown.child_token();
-        let tasks = start_controllers(&v, provider, &admin, &base, rt, controllers.clone()).await?;
+        let launch = Launch::prepare(&v, provider, &admin, &base, rt, controllers.clone()).await?;
+        let mut handles = ControllerHandles::default();
+        let tasks = launch.start(&|_, _| Pick::Here, &mut handles).await?;
+        rt.handles.send_replace(Some(handles));
         shutdown.cancelled().await;
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, futures::future::join_all(tasks)).await;
         Exit::Shutdown
@@ -256,249 +210,613 @@ pub async fn run(
     Ok(exit)
 }
 
-/// Starts the enabled controllers; prints one line per controller: started, or skipped and why.
-async fn start_controllers(
+/// Why leading ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// `shutdown` fired while every lease was still held.
+    Shutdown,
+    /// The main lease could not be renewed or was taken: exit non-zero, as upstream's
+    /// OnStoppedLeading does.
+    MainLost,
+    /// Likewise for the migration lease: upstream exits too.
+    MigrationLost,
+}
+
+/// The leader-elected path: win the main lease, run the controllers it guards, and with
+/// leader migration also contend for the migration lease and run the migrated controllers
+/// while holding it. Losing either lease stops everything.
+async fn lead(
     v: &Validated,
     provider: Arc<dyn CloudProvider>,
     admin: &kube::Client,
     base: &kube::Config,
     rt: &Runtime,
-    shutdown: CancellationToken,
-) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    shutdown: &CancellationToken,
+    master_status: &Family<NameLabel, Gauge>,
+) -> anyhow::Result<Exit> {
     let o = &v.options;
-    provider
-        .initialize(InitContext {
-            client: admin.clone(),
-            shutdown: shutdown.clone(),
-        })
-        .await
-        .context("cloud provider initialization failed")?;
-
-    let shared = {
-        let mut s = Shared::new(provider, o.cluster_name.clone());
-        s.queue_metrics = ccm_controllers::queue::QueueMetrics::new(&mut rt.registry.write());
-        // Events get their own client and request budget: they must never slow real work.
-        s.event_client = Some(build_metered_client(
-            base.clone(),
-            &format!("{USER_AGENT_BASE}/events"),
-            &RateLimitLayer::new(o.kube_api_qps, o.kube_api_burst),
-            &rt.rest_metrics,
-        )?);
-        s
+    let main_label = NameLabel {
+        name: o.leader_elect_resource_name.clone(),
     };
-    shared.start_informers(admin.clone(), shutdown.clone());
-    {
-        let handles = rt.handles.subscribe();
-        rt.health.add_ready(
-            "controllers-started",
-            Arc::new(move || {
-                if handles.borrow().is_some() {
-                    Ok(())
-                } else {
-                    Err("controllers are starting".to_string())
-                }
-            }),
-        );
-    }
-    {
-        let (nodes, services) = (shared.nodes.clone(), shared.services.clone());
-        rt.health.add_ready(
-            "informer-sync",
-            Arc::new(move || {
-                if nodes.is_ready() && services.is_ready() {
-                    Ok(())
-                } else {
-                    Err("caches not synced yet".to_string())
-                }
-            }),
-        );
-    }
-
-    let running: Family<ManagedLabels, Gauge> = Family::default();
-    rt.registry.write().register(
-        "running_managed_controllers",
-        "Indicates where instances of a controller are currently running",
-        running.clone(),
+    // A candidate reports 0 ("backup") until it holds the lease, as upstream's
+    // NewLeaderElector does: dashboards count leaders and backups per lease.
+    master_status.get_or_create(&main_label).set(0);
+    let identity = format!("{}_{}", hostname(), uuid_v4());
+    let mut elector = LeaderElector::new(
+        admin.clone(),
+        election_config(o, &o.leader_elect_resource_name, &identity),
     );
-
-    let token_dir = std::env::temp_dir().join(format!("ccm-rs-tokens-{}", std::process::id()));
-    // Each controller gets its own client and so its own request budget, as upstream's
-    // per-controller clientsets do.
-    let client_for = |account: &'static str, ua: &'static str, in_flight: usize| {
-        let admin = admin.clone();
-        let base = base.clone();
-        let limit = RateLimitLayer::new(o.kube_api_qps, o.kube_api_burst);
-        let token_dir = token_dir.clone();
-        let shutdown = shutdown.clone();
-        let use_sa = o.use_service_account_credentials;
-        let metrics = rt.rest_metrics.clone();
-        async move {
-            let user_agent = format!("{USER_AGENT_BASE}/{ua}");
-            if use_sa {
-                std::fs::create_dir_all(&token_dir)?;
-                let cfg = crate::client::service_account_config(
-                    &admin, &base, account, &token_dir, shutdown,
-                )
-                .await?;
-                build_metered_client_in_flight(cfg, &user_agent, &limit, &metrics, in_flight)
-            } else {
-                build_metered_client_in_flight(base, &user_agent, &limit, &metrics, in_flight)
+    add_lease_health(rt, "leaderElection", rt.leader.clone(), o);
+    let events = ccm_controllers::events::Recorder::new(admin.clone(), MANAGER);
+    tracing::info!(%identity, lease = %format!("{}/{}", o.leader_elect_resource_namespace, o.leader_elect_resource_name), "waiting to become leader");
+    if !elector.acquire(shutdown).await {
+        return Ok(Exit::Shutdown);
+    }
+    tracing::info!(%identity, "became leader");
+    lease_event(
+        &events,
+        o,
+        &o.leader_elect_resource_name,
+        &identity,
+        "became leader",
+    );
+    master_status.get_or_create(&main_label).set(1);
+    let controllers = shutdown.child_token();
+    let mut handles = ControllerHandles::default();
+    let migration = v.leader_migration.as_ref();
+    let launch = Launch::prepare(v, provider, admin, base, rt, controllers.clone()).await;
+    let started = match launch {
+        Ok(launch) => {
+            let pick = |canonical: &str, alias: &str| main_pick(migration, canonical, alias);
+            let tasks = launch.start(&pick, &mut handles).await;
+            tasks.map(|t| (launch, t))
+        }
+        Err(e) => Err(e),
+    };
+    let (launch, mut tasks) = match started {
+        Ok(x) => x,
+        Err(e) => {
+            controllers.cancel();
+            elector.release().await;
+            return Err(e);
+        }
+    };
+    rt.handles.send_replace(Some(handles.clone()));
+    let mut migration_elector = None;
+    let ending = match migration {
+        None => keep(
+            elector.keep_renewing(&rt.leader, shutdown).await,
+            Ending::MainLost,
+        ),
+        Some(m) => {
+            tracing::info!(
+                "leader migration: main controllers started; contending for the migration lease"
+            );
+            let mig = migration_elector.insert(LeaderElector::new(
+                admin.clone(),
+                election_config(o, &m.leader_name, &identity),
+            ));
+            let mut migrated = Migrated {
+                launch: &launch,
+                config: m,
+                elector: mig,
+                handles: &mut handles,
+                tasks: &mut tasks,
+                master_status,
+                events: &events,
+                identity: &identity,
+            };
+            tokio::select! {
+                still = elector.keep_renewing(&rt.leader, shutdown) => keep(still, Ending::MainLost),
+                r = migrated.run(shutdown) => r?,
             }
         }
     };
+    controllers.cancel();
+    rt.handles.send_replace(None);
+    for label in master_status_labels(o, migration) {
+        master_status.get_or_create(&label).set(0);
+    }
+    if ending == Ending::Shutdown {
+        // SIGTERM: let in-flight work finish (bounded), then hand the leases over.
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, futures::future::join_all(tasks)).await;
+        if let (Some(mig), Some(m)) = (migration_elector.as_mut(), migration) {
+            mig.release().await;
+            lease_event(&events, o, &m.leader_name, &identity, "stopped leading");
+        }
+        elector.release().await;
+        lease_event(
+            &events,
+            o,
+            &o.leader_elect_resource_name,
+            &identity,
+            "stopped leading",
+        );
+        rt.leader.lost();
+        Ok(Exit::Shutdown)
+    } else {
+        if ending == Ending::MainLost {
+            lease_event(
+                &events,
+                o,
+                &o.leader_elect_resource_name,
+                &identity,
+                "stopped leading",
+            );
+            tracing::error!("leaderelection lost");
+        }
+        Ok(Exit::LeaderLost)
+    }
+}
 
-    let mut tasks = Vec::new();
-    let mut handles = ControllerHandles::default();
-    let report = |name: &str, alias: &str, result: &Result<(), StartError>| match result {
-        Ok(()) => {
-            running
-                .get_or_create(&ManagedLabels {
-                    name: alias.to_string(),
-                    manager: MANAGER.to_string(),
-                })
-                .set(1);
-            println!("{name}: started");
-            tracing::info!(controller = name, "started");
+fn keep(still_leading: bool, lost: Ending) -> Ending {
+    if still_leading {
+        Ending::Shutdown
+    } else {
+        lost
+    }
+}
+
+/// Which controllers the main lease runs: all, or with leader migration those the
+/// configuration does not list.
+fn main_pick(
+    migration: Option<&crate::leader_migration::LeaderMigrationConfig>,
+    canonical: &str,
+    alias: &str,
+) -> Pick {
+    use crate::leader_migration::Placement;
+    match migration.map(|m| m.placement(canonical, alias)) {
+        None | Some(Placement::Main) => Pick::Here,
+        Some(Placement::Migrated) => Pick::Elsewhere,
+        Some(Placement::Unowned(component)) => {
+            Pick::Say(format!("runs in {component} (leader migration)"))
         }
-        Err(StartError::Skipped(why)) => {
-            println!("{name}: skipped: {why}");
-            tracing::info!(controller = name, reason = %why, "skipped");
-        }
-        Err(StartError::Invalid(_)) => {}
+    }
+}
+
+fn master_status_labels(
+    o: &crate::options::RunOptions,
+    migration: Option<&crate::leader_migration::LeaderMigrationConfig>,
+) -> Vec<NameLabel> {
+    let mut out = vec![NameLabel {
+        name: o.leader_elect_resource_name.clone(),
+    }];
+    out.extend(migration.map(|m| NameLabel {
+        name: m.leader_name.clone(),
+    }));
+    out
+}
+
+fn election_config(
+    o: &crate::options::RunOptions,
+    lease: &str,
+    identity: &str,
+) -> LeaderElectionConfig {
+    LeaderElectionConfig {
+        namespace: o.leader_elect_resource_namespace.clone(),
+        name: lease.to_string(),
+        identity: identity.to_string(),
+        lease_duration: o.leader_elect_lease_duration.0,
+        renew_deadline: o.leader_elect_renew_deadline.0,
+        retry_period: o.leader_elect_retry_period.0,
+    }
+}
+
+/// `/healthz` fails when a held lease has not been renewed for lease duration + 20s
+/// (upstream's HealthzAdaptor timeout).
+fn add_lease_health(
+    rt: &Runtime,
+    check: &str,
+    status: LeaderStatus,
+    o: &crate::options::RunOptions,
+) {
+    let tolerance = o.leader_elect_lease_duration.0 + Duration::from_secs(20);
+    rt.health.add_health(
+        check,
+        Arc::new(move || match status.since_renew() {
+            Some(d) if d > tolerance => Err(format!(
+                "the lease was last renewed {d:?} ago, more than the lease duration + 20s"
+            )),
+            _ => Ok(()),
+        }),
+    );
+}
+
+/// client-go's `LeaseLock.RecordEvent`: a Normal `LeaderElection` Event on the Lease,
+/// "<identity> became leader" / "<identity> stopped leading".
+fn lease_event(
+    events: &ccm_controllers::events::Recorder,
+    o: &crate::options::RunOptions,
+    lease: &str,
+    identity: &str,
+    what: &str,
+) {
+    let subject = k8s_openapi::api::coordination::v1::Lease {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(lease.to_string()),
+            namespace: Some(o.leader_elect_resource_namespace.clone()),
+            ..Default::default()
+        },
+        spec: None,
     };
+    events.publish(
+        &subject,
+        ccm_controllers::events::EventType::Normal,
+        "LeaderElection",
+        format!("{identity} {what}"),
+    );
+}
 
-    // cloud-node
-    let name = "cloud-node-controller";
-    if v.controllers.enabled(name) {
-        let client = client_for(
-            "node-controller",
-            "cloud-node-controller",
-            NODE_INIT_IN_FLIGHT,
-        )
-        .await?;
-        let cfg = CloudNodeConfig {
-            node_status_update_frequency: o.node_status_update_frequency.0,
-            concurrent_node_syncs: o.concurrent_node_syncs as usize,
-            concurrent_node_status_updates: o.concurrent_node_status_updates as usize,
-            ..Default::default()
-        };
-        let r = CloudNodeController::new(shared.clone(), client, cfg, &mut rt.registry.write());
-        let result = r.map(|c| {
-            handles.node = Some(c.handle());
-            tasks.push(tokio::spawn(c.run(shutdown.clone())));
-        });
-        report(name, "cloud-node", &result);
-        if let Err(StartError::Invalid(e)) = result {
-            anyhow::bail!("{name}: {e}");
+/// The migration lease's side of [`lead`].
+struct Migrated<'a, 'b> {
+    launch: &'a Launch<'b>,
+    config: &'a crate::leader_migration::LeaderMigrationConfig,
+    elector: &'a mut LeaderElector,
+    handles: &'a mut ControllerHandles,
+    tasks: &'a mut Vec<tokio::task::JoinHandle<()>>,
+    master_status: &'a Family<NameLabel, Gauge>,
+    events: &'a ccm_controllers::events::Recorder,
+    identity: &'a str,
+}
+
+impl Migrated<'_, '_> {
+    /// Waits for the migration lease (upstream starts this election only once the main lease
+    /// is held, as here), starts the migrated controllers, and renews until the lease is lost
+    /// or `shutdown` fires.
+    async fn run(&mut self, shutdown: &CancellationToken) -> anyhow::Result<Ending> {
+        let o = &self.launch.v.options;
+        let name = &self.config.leader_name;
+        let label = NameLabel { name: name.clone() };
+        self.master_status.get_or_create(&label).set(0);
+        let status = LeaderStatus::default();
+        add_lease_health(self.launch.rt, "leaderMigration", status.clone(), o);
+        tracing::info!(lease = %format!("{}/{name}", o.leader_elect_resource_namespace), "leader migration: waiting for the migration lease");
+        if !self.elector.acquire(shutdown).await {
+            return Ok(Ending::Shutdown);
         }
-    } else {
-        println!("{name}: disabled by --controllers");
-    }
-
-    // cloud-node-lifecycle
-    start_pause(o, tasks.len()).await;
-    let name = "cloud-node-lifecycle-controller";
-    if v.controllers.enabled(name) {
-        let client = client_for(
-            "node-controller",
-            "cloud-node-lifecycle-controller",
-            MAX_IN_FLIGHT,
-        )
-        .await?;
-        let cfg = NodeLifecycleConfig {
-            node_monitor_period: o.node_monitor_period.0,
-            event_driven_resync_period: o.node_lifecycle_resync_period.0,
-            ..Default::default()
-        };
-        let r = NodeLifecycleController::new(shared.clone(), client, cfg, &mut rt.registry.write());
-        let result = r.map(|c| {
-            handles.lifecycle = Some(c.handle());
-            tasks.push(tokio::spawn(c.run(shutdown.clone())));
-        });
-        report(name, "cloud-node-lifecycle", &result);
-        if let Err(StartError::Invalid(e)) = result {
-            anyhow::bail!("{name}: {e}");
-        }
-    } else {
-        println!("{name}: disabled by --controllers");
-    }
-
-    // route
-    start_pause(o, tasks.len()).await;
-    let name = "node-route-controller";
-    if v.controllers.enabled(name) {
-        let client = client_for("route-controller", "node-route-controller", MAX_IN_FLIGHT).await?;
-        let watch = v
-            .gates
-            .get("CloudControllerManagerWatchBasedRoutesReconciliation")
-            .copied()
-            .unwrap_or(true);
-        let cfg = RouteConfig {
-            cluster_cidrs: v.cluster_cidrs.clone(),
-            configure_cloud_routes: o.configure_cloud_routes,
-            mode: if watch {
-                RouteMode::Watch
+        tracing::info!(identity = %self.identity, lease = %name, "leader migration: became leader of the migration lease; starting migrated controllers");
+        lease_event(self.events, o, name, self.identity, "became leader");
+        self.master_status.get_or_create(&label).set(1);
+        let config = self.config;
+        let pick = |canonical: &str, alias: &str| {
+            if config.placement(canonical, alias) == crate::leader_migration::Placement::Migrated {
+                Pick::Here
             } else {
-                RouteMode::Interval
-            },
-            reconciliation_period: o.route_reconciliation_period.0,
-            min_sync_interval: o.route_min_sync_interval.0,
-            resync_period: o.route_resync_period.0,
-            ..Default::default()
+                Pick::Elsewhere
+            }
         };
-        let r = RouteController::new(shared.clone(), client, cfg, &mut rt.registry.write());
-        let result = r.map(|c| {
-            handles.route = Some(c.handle());
-            tasks.push(tokio::spawn(c.run(shutdown.clone())));
-        });
-        report(name, "route", &result);
-        if let Err(StartError::Invalid(e)) = result {
-            anyhow::bail!("{name}: {e}");
+        let tasks = self.launch.start(&pick, self.handles).await?;
+        self.tasks.extend(tasks);
+        self.launch
+            .rt
+            .handles
+            .send_replace(Some(self.handles.clone()));
+        let still = self.elector.keep_renewing(&status, shutdown).await;
+        if !still {
+            tracing::error!(lease = %name, "migration leaderelection lost");
+            lease_event(self.events, o, name, self.identity, "stopped leading");
         }
-    } else {
-        println!("{name}: disabled by --controllers");
+        Ok(keep(still, Ending::MigrationLost))
+    }
+}
+
+/// What [`Launch::start`] does with one controller.
+enum Pick {
+    /// Start it in this round.
+    Here,
+    /// Another round (the other lease) starts it: say nothing.
+    Elsewhere,
+    /// Not started by this process; print why.
+    Say(String),
+}
+
+/// What every lease's controllers share, built once when the first lease is won: the
+/// initialized provider, the informers, the per-controller client recipe.
+struct Launch<'a> {
+    v: &'a Validated,
+    admin: kube::Client,
+    base: kube::Config,
+    rt: &'a Runtime,
+    shared: Shared,
+    running: Family<ManagedLabels, Gauge>,
+    token_dir: std::path::PathBuf,
+    shutdown: CancellationToken,
+}
+
+impl<'a> Launch<'a> {
+    /// Initializes the provider and starts the shared informers.
+    async fn prepare(
+        v: &'a Validated,
+        provider: Arc<dyn CloudProvider>,
+        admin: &kube::Client,
+        base: &kube::Config,
+        rt: &'a Runtime,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let o = &v.options;
+        provider
+            .initialize(InitContext {
+                client: admin.clone(),
+                shutdown: shutdown.clone(),
+            })
+            .await
+            .context("cloud provider initialization failed")?;
+
+        let shared = {
+            let mut s = Shared::new(provider, o.cluster_name.clone());
+            s.queue_metrics = ccm_controllers::queue::QueueMetrics::new(&mut rt.registry.write());
+            // Events get their own client and request budget: they must never slow real work.
+            s.event_client = Some(build_metered_client(
+                base.clone(),
+                &format!("{USER_AGENT_BASE}/events"),
+                &RateLimitLayer::new(o.kube_api_qps, o.kube_api_burst),
+                &rt.rest_metrics,
+            )?);
+            s
+        };
+        shared.start_informers(admin.clone(), shutdown.clone());
+        add_readiness(rt, &shared);
+        let running: Family<ManagedLabels, Gauge> = Family::default();
+        rt.registry.write().register(
+            "running_managed_controllers",
+            "Indicates where instances of a controller are currently running",
+            running.clone(),
+        );
+        Ok(Launch {
+            v,
+            admin: admin.clone(),
+            base: base.clone(),
+            rt,
+            shared,
+            running,
+            token_dir: std::env::temp_dir().join(format!("ccm-rs-tokens-{}", std::process::id())),
+            shutdown,
+        })
     }
 
-    // service
-    start_pause(o, tasks.len()).await;
-    let name = "service-lb-controller";
-    if v.controllers.enabled(name) {
-        let in_flight = service_in_flight(o.concurrent_service_syncs as usize);
-        let client = client_for("service-controller", "service-lb-controller", in_flight).await?;
-        let drift = o.service_drift_check_period.0;
-        let cfg = ServiceConfig {
-            concurrent_service_syncs: o.concurrent_service_syncs as usize,
-            drift_check_period: (!drift.is_zero()).then_some(drift),
-            ..Default::default()
-        };
-        let r = ServiceController::new(shared.clone(), client, cfg, &mut rt.registry.write());
-        let result = r.map(|c| {
-            handles.service = Some(c.handle());
-            tasks.push(tokio::spawn(c.run(shutdown.clone())));
-        });
-        report(name, "service", &result);
-        if let Err(StartError::Invalid(e)) = result {
-            anyhow::bail!("{name}: {e}");
+    /// Each controller gets its own client and so its own request budget, as upstream's
+    /// per-controller clientsets do.
+    async fn client_for(
+        &self,
+        account: &'static str,
+        ua: &'static str,
+        in_flight: usize,
+    ) -> anyhow::Result<kube::Client> {
+        let o = &self.v.options;
+        let limit = RateLimitLayer::new(o.kube_api_qps, o.kube_api_burst);
+        let metrics = &self.rt.rest_metrics;
+        let user_agent = format!("{USER_AGENT_BASE}/{ua}");
+        if o.use_service_account_credentials {
+            std::fs::create_dir_all(&self.token_dir)?;
+            let cfg = crate::client::service_account_config(
+                &self.admin,
+                &self.base,
+                account,
+                &self.token_dir,
+                self.shutdown.clone(),
+            )
+            .await?;
+            build_metered_client_in_flight(cfg, &user_agent, &limit, metrics, in_flight)
+        } else {
+            build_metered_client_in_flight(
+                self.base.clone(),
+                &user_agent,
+                &limit,
+                metrics,
+                in_flight,
+            )
         }
-    } else {
-        println!("{name}: disabled by --controllers");
     }
 
-    for (n, h) in [
-        ("cloud-node-controller", handles.node.is_some()),
-        (
-            "cloud-node-lifecycle-controller",
-            handles.lifecycle.is_some(),
-        ),
-        ("node-route-controller", handles.route.is_some()),
-        ("service-lb-controller", handles.service.is_some()),
-    ] {
-        if h {
-            rt.health.add_health(n, Arc::new(|| Ok(())));
+    fn report(&self, name: &str, alias: &str, result: &Result<(), StartError>) {
+        match result {
+            Ok(()) => {
+                self.running
+                    .get_or_create(&ManagedLabels {
+                        name: alias.to_string(),
+                        manager: MANAGER.to_string(),
+                    })
+                    .set(1);
+                println!("{name}: started");
+                tracing::info!(controller = name, "started");
+            }
+            Err(StartError::Skipped(why)) => {
+                println!("{name}: skipped: {why}");
+                tracing::info!(controller = name, reason = %why, "skipped");
+            }
+            Err(StartError::Invalid(_)) => {}
         }
     }
-    rt.handles.send_replace(Some(handles));
-    Ok(tasks)
+
+    /// Whether to start `name` in this round; prints the line for those not started.
+    fn wanted(&self, pick: &(dyn Fn(&str, &str) -> Pick + Sync), name: &str, alias: &str) -> bool {
+        if !self.v.controllers.enabled(name) {
+            if matches!(pick(name, alias), Pick::Here) {
+                println!("{name}: disabled by --controllers");
+            }
+            return false;
+        }
+        match pick(name, alias) {
+            Pick::Here => true,
+            Pick::Elsewhere => false,
+            Pick::Say(why) => {
+                println!("{name}: not started: {why}");
+                tracing::info!(controller = name, reason = %why, "not started");
+                false
+            }
+        }
+    }
+
+    /// Starts the enabled controllers `pick` chooses; prints one line per controller: started,
+    /// or skipped and why. Their probes are added to `all`.
+    async fn start(
+        &self,
+        pick: &(dyn Fn(&str, &str) -> Pick + Sync),
+        all: &mut ControllerHandles,
+    ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+        let (v, o, rt, shared) = (self.v, &self.v.options, self.rt, &self.shared);
+        let shutdown = &self.shutdown;
+        let mut tasks = Vec::new();
+        let mut handles = ControllerHandles::default();
+
+        // cloud-node
+        let name = "cloud-node-controller";
+        if self.wanted(pick, name, "cloud-node") {
+            let client = self
+                .client_for(
+                    "node-controller",
+                    "cloud-node-controller",
+                    NODE_INIT_IN_FLIGHT,
+                )
+                .await?;
+            let cfg = CloudNodeConfig {
+                node_status_update_frequency: o.node_status_update_frequency.0,
+                concurrent_node_syncs: o.concurrent_node_syncs as usize,
+                concurrent_node_status_updates: o.concurrent_node_status_updates as usize,
+                ..Default::default()
+            };
+            let r = CloudNodeController::new(shared.clone(), client, cfg, &mut rt.registry.write());
+            let result = r.map(|c| {
+                handles.node = Some(c.handle());
+                tasks.push(tokio::spawn(c.run(shutdown.clone())));
+            });
+            self.report(name, "cloud-node", &result);
+            if let Err(StartError::Invalid(e)) = result {
+                anyhow::bail!("{name}: {e}");
+            }
+        }
+
+        // cloud-node-lifecycle
+        let name = "cloud-node-lifecycle-controller";
+        if self.wanted(pick, name, "cloud-node-lifecycle") {
+            start_pause(o, tasks.len()).await;
+            let client = self
+                .client_for(
+                    "node-controller",
+                    "cloud-node-lifecycle-controller",
+                    MAX_IN_FLIGHT,
+                )
+                .await?;
+            let cfg = NodeLifecycleConfig {
+                node_monitor_period: o.node_monitor_period.0,
+                event_driven_resync_period: o.node_lifecycle_resync_period.0,
+                ..Default::default()
+            };
+            let r =
+                NodeLifecycleController::new(shared.clone(), client, cfg, &mut rt.registry.write());
+            let result = r.map(|c| {
+                handles.lifecycle = Some(c.handle());
+                tasks.push(tokio::spawn(c.run(shutdown.clone())));
+            });
+            self.report(name, "cloud-node-lifecycle", &result);
+            if let Err(StartError::Invalid(e)) = result {
+                anyhow::bail!("{name}: {e}");
+            }
+        }
+
+        // route
+        let name = "node-route-controller";
+        if self.wanted(pick, name, "route") {
+            start_pause(o, tasks.len()).await;
+            let client = self
+                .client_for("route-controller", "node-route-controller", MAX_IN_FLIGHT)
+                .await?;
+            let watch = v
+                .gates
+                .get("CloudControllerManagerWatchBasedRoutesReconciliation")
+                .copied()
+                .unwrap_or(true);
+            let cfg = RouteConfig {
+                cluster_cidrs: v.cluster_cidrs.clone(),
+                configure_cloud_routes: o.configure_cloud_routes,
+                mode: if watch {
+                    RouteMode::Watch
+                } else {
+                    RouteMode::Interval
+                },
+                reconciliation_period: o.route_reconciliation_period.0,
+                min_sync_interval: o.route_min_sync_interval.0,
+                resync_period: o.route_resync_period.0,
+                ..Default::default()
+            };
+            let r = RouteController::new(shared.clone(), client, cfg, &mut rt.registry.write());
+            let result = r.map(|c| {
+                handles.route = Some(c.handle());
+                tasks.push(tokio::spawn(c.run(shutdown.clone())));
+            });
+            self.report(name, "route", &result);
+            if let Err(StartError::Invalid(e)) = result {
+                anyhow::bail!("{name}: {e}");
+            }
+        }
+
+        // service
+        let name = "service-lb-controller";
+        if self.wanted(pick, name, "service") {
+            start_pause(o, tasks.len()).await;
+            let in_flight = service_in_flight(o.concurrent_service_syncs as usize);
+            let client = self
+                .client_for("service-controller", "service-lb-controller", in_flight)
+                .await?;
+            let drift = o.service_drift_check_period.0;
+            let cfg = ServiceConfig {
+                concurrent_service_syncs: o.concurrent_service_syncs as usize,
+                drift_check_period: (!drift.is_zero()).then_some(drift),
+                ..Default::default()
+            };
+            let r = ServiceController::new(shared.clone(), client, cfg, &mut rt.registry.write());
+            let result = r.map(|c| {
+                handles.service = Some(c.handle());
+                tasks.push(tokio::spawn(c.run(shutdown.clone())));
+            });
+            self.report(name, "service", &result);
+            if let Err(StartError::Invalid(e)) = result {
+                anyhow::bail!("{name}: {e}");
+            }
+        }
+
+        for (n, h) in [
+            ("cloud-node-controller", handles.node.is_some()),
+            (
+                "cloud-node-lifecycle-controller",
+                handles.lifecycle.is_some(),
+            ),
+            ("node-route-controller", handles.route.is_some()),
+            ("service-lb-controller", handles.service.is_some()),
+        ] {
+            if h {
+                rt.health.add_health(n, Arc::new(|| Ok(())));
+            }
+        }
+        all.merge(handles);
+        Ok(tasks)
+    }
+}
+
+/// `/readyz` checks: controllers started, caches synced.
+fn add_readiness(rt: &Runtime, shared: &Shared) {
+    let handles = rt.handles.subscribe();
+    rt.health.add_ready(
+        "controllers-started",
+        Arc::new(move || {
+            if handles.borrow().is_some() {
+                Ok(())
+            } else {
+                Err("controllers are starting".to_string())
+            }
+        }),
+    );
+    let (nodes, services) = (shared.nodes.clone(), shared.services.clone());
+    rt.health.add_ready(
+        "informer-sync",
+        Arc::new(move || {
+            if nodes.is_ready() && services.is_ready() {
+                Ok(())
+            } else {
+                Err("caches not synced yet".to_string())
+            }
+        }),
+    );
 }
 
 /// `--controller-start-interval`: upstream sleeps a jittered interval (up to 2x) after each

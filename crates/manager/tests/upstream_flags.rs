@@ -132,13 +132,9 @@ fn an_upstream_manifest_starts_unchanged() {
         v.options.authz.authorization_always_allow_paths,
         ["/healthz", "/readyz", "/livez", "/metrics"]
     );
-    let notices = v.options.notices();
-    assert!(
-        notices
-            .iter()
-            .any(|n| n.starts_with("--enable-leader-migration")),
-        "{notices:?}"
-    );
+    // Leader migration with upstream's default configuration.
+    let m = v.leader_migration.as_ref().expect("leader migration on");
+    assert_eq!(m.leader_name, "cloud-provider-extraction-migration");
 }
 
 #[test]
