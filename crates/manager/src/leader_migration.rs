@@ -192,7 +192,7 @@ fn check_type<'a>(file: &'a File, errs: &mut Vec<String>) -> Option<&'a str> {
         Some(k) => errs.push(format!("kind: Invalid value: {k:?}: must be {KIND}")),
         None => errs.push(format!("kind: Required value: kind: {KIND}")),
     }
-    let version = match file.api_version.as_deref() {
+    match file.api_version.as_deref() {
         None => {
             errs.push(format!(
                 "apiVersion: Required value: apiVersion: {API_GROUP}/v1"
@@ -208,8 +208,7 @@ fn check_type<'a>(file: &'a File, errs: &mut Vec<String>) -> Option<&'a str> {
                 None
             }
         },
-    };
-    version
+    }
 }
 
 /// RFC 1123 subdomain, as a Lease name must be.
