@@ -103,3 +103,57 @@ impl Volumes for SimCloud {
         self.inner.max_batch_size.min(200)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ccm_cloud::CloudProvider;
+
+    #[tokio::test]
+    async fn one_call_answers_the_known_disks_and_a_fault_is_an_error_not_absence() {
+        let sim = SimCloud::seeded(1);
+        let a = sim.add_volume(VolumeSpec {
+            zone: Some("region-1b".into()),
+            ..VolumeSpec::default()
+        });
+        let volumes = CloudProvider::volumes(&sim).expect("sim offers volumes");
+        let ids = [a.clone(), "vol-gone".to_string()];
+        let found = volumes.volume_topology(&ids).await.expect("lookup");
+        assert_eq!(found.len(), 1, "unknown disks are left out: {found:?}");
+        assert_eq!(found[&a].zone, "region-1b");
+        assert_eq!(found[&a].region, "region-1");
+        assert_eq!(sim.call_count(op::VOLUME_TOPOLOGY), 1);
+
+        sim.fail_next(op::VOLUME_TOPOLOGY, 1).expect("known op");
+        assert!(volumes.volume_topology(&ids).await.is_err());
+        assert!(sim.delete_volume(&a));
+        assert!(
+            volumes
+                .volume_topology(&ids)
+                .await
+                .expect("lookup")
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn only_pvs_of_the_sim_driver_are_sim_disks() {
+        let sim = SimCloud::new();
+        let spec = |driver: &str| PersistentVolumeSpec {
+            csi: Some(
+                ccm_cloud::k8s_openapi::api::core::v1::CSIPersistentVolumeSource {
+                    driver: driver.into(),
+                    volume_handle: "vol-1".into(),
+                    ..Default::default()
+                },
+            ),
+            ..Default::default()
+        };
+        assert_eq!(
+            sim.volume_id(&spec(SIM_CSI_DRIVER)).as_deref(),
+            Some("vol-1")
+        );
+        assert_eq!(sim.volume_id(&spec("ebs.csi.aws.com")), None);
+        assert_eq!(sim.volume_id(&PersistentVolumeSpec::default()), None);
+    }
+}
