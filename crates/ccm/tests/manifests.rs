@@ -943,6 +943,39 @@ fn the_webhook_is_off_unless_enabled_and_complete_when_enabled() {
         "/persistentvolumelabel"
     );
 
+    // The Helm engine executes the cert-manager branch too (a copy of the chart whose
+    // defaults enable the webhook; lint renders the templates with them). An install, as in
+    // `helm_chart_renders_what_ccm_manifests_prints`, needs cert-manager's CRDs.
+    let chart = dir.join("chart");
+    copy_dir(&workspace().join("deploy/helm/ccm-rs"), &chart);
+    let values = std::fs::read_to_string(chart.join("values.yaml")).expect("values");
+    let enabled = values.replacen(
+        "persistentVolumeLabel:\n    enabled: false",
+        "persistentVolumeLabel:\n    enabled: true",
+        1,
+    );
+    assert_ne!(
+        values, enabled,
+        "values.yaml has webhooks.persistentVolumeLabel.enabled"
+    );
+    std::fs::write(chart.join("values.yaml"), enabled).expect("write");
+    let lint = Command::new(tool("helm-python"))
+        .arg(workspace().join("deploy/helm/helm.py"))
+        .arg("lint")
+        .arg(&chart)
+        .output()
+        .expect("helm lint");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&lint.stdout),
+        String::from_utf8_lossy(&lint.stderr)
+    );
+    // Lint reports a template error as a failure, and logs (only) a `fail` it hit.
+    assert!(
+        lint.status.success() && !said.contains("funcMap fail"),
+        "helm lint with the webhook on: {said}"
+    );
+
     // The operator's own Secret: its CA is the caBundle, and the whole set validates.
     let secret = render_values(&dir, &webhook_values("secret"));
     let hook = &one(&secret, "MutatingWebhookConfiguration")["webhooks"][0];
@@ -989,4 +1022,17 @@ fn the_webhook_is_off_unless_enabled_and_complete_when_enabled() {
     ]);
     assert!(err.contains("webhooks"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let path = entry.expect("entry").path();
+        let dest = to.join(path.file_name().expect("name"));
+        if path.is_dir() {
+            copy_dir(&path, &dest);
+        } else {
+            std::fs::copy(&path, &dest).expect("copy");
+        }
+    }
 }
