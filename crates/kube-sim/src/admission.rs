@@ -110,8 +110,11 @@ pub(crate) async fn admit(store: &Store, req: Request<'_>, body: Bytes) -> Resul
     }
     reinvoke.sort_unstable();
     reinvoke.dedup();
+    // Reinvoked webhooks must still match the object as it is now (upstream asks again).
     for i in reinvoke {
-        call.run(matching[i], &mut obj).await?;
+        if call.matches(matching[i], &obj) {
+            call.run(matching[i], &mut obj).await?;
+        }
     }
     // Validating webhooks see the final object and cannot change it.
     let checks: Vec<&Hook> = validating
