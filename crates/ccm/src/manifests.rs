@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
+use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
 /// The chart's defaults (`deploy/helm/ccm-rs/values.yaml`).
@@ -165,6 +166,27 @@ fn check(v: &Value) -> anyhow::Result<()> {
     );
     if variant == "static-pod" {
         static_pod_check(v)?;
+    }
+    webhook_check(v)
+}
+
+/// The webhook server's certificate must come from somewhere a kubelet can mount and the API
+/// server can trust.
+fn webhook_check(v: &Value) -> anyhow::Result<()> {
+    if !webhooks_on(v) {
+        return Ok(());
+    }
+    let w = &v["webhooks"];
+    anyhow::ensure!(
+        v["variant"] != "static-pod",
+        "static-pod: webhooks need their serving certificate from a Secret, which a static pod cannot mount; use the deployment or daemonset variant"
+    );
+    if w["certificates"] == "secret" {
+        let set = |k: &str| w["secret"][k].as_str().is_some_and(|s| !s.is_empty());
+        anyhow::ensure!(
+            set("name") && set("caBundle"),
+            "webhooks.certificates secret: set webhooks.secret.name (a kubernetes.io/tls Secret) and webhooks.secret.caBundle (the PEM of the CA that signed it)"
+        );
     }
     Ok(())
 }
@@ -416,6 +438,7 @@ pub fn render(v: &Value, namespace: &str) -> anyhow::Result<Vec<Value>> {
         ));
     }
     out.extend(workload(v, &f, &ns));
+    out.extend(webhook_objects(v, &f, &ns));
     out.extend(monitors(v, &f, &ns));
     out.extend(mixin(v, &f, &ns)?);
     Ok(out)
@@ -525,6 +548,17 @@ fn args(v: &Value, f: &Value, cloud_config: Option<&str>) -> Vec<Value> {
         "" => a.push(json!("--configure-cloud-routes=false")),
         cidr => a.push(json!(format!("--cluster-cidr={cidr}"))),
     }
+    if webhooks_on(v) {
+        a.extend([
+            json!("--webhooks=persistentvolumelabel"),
+            json!("--feature-gates=CloudControllerManagerWebhook=true"),
+            json!(format!("--webhook-secure-port={}", v["webhooks"]["port"])),
+            json!(format!("--webhook-tls-cert-file={WEBHOOK_TLS_DIR}/tls.crt")),
+            json!(format!(
+                "--webhook-tls-private-key-file={WEBHOOK_TLS_DIR}/tls.key"
+            )),
+        ]);
+    }
     a.extend(v["extraArgs"].as_array().cloned().unwrap_or_default());
     a
 }
@@ -568,6 +602,10 @@ fn volumes(v: &Value, f: &Value) -> (Vec<Value>, Vec<Value>, Option<String>) {
             cloud_config = Some("/etc/kubernetes/cloud-config/cloud-config".into());
         }
     }
+    if webhooks_on(v) {
+        mounts.push(json!({"name": "webhook-tls", "mountPath": WEBHOOK_TLS_DIR, "readOnly": true}));
+        volumes.push(json!({"name": "webhook-tls", "secret": {"secretName": webhook_secret(v)}}));
+    }
     mounts.extend(list(&v["extraVolumeMounts"]));
     volumes.extend(list(&v["extraVolumes"]));
     (mounts, volumes, cloud_config)
@@ -594,6 +632,11 @@ fn pod_spec(v: &Value, f: &Value) -> Value {
         "securityContext": f["securityContext"],
         "volumeMounts": mounts,
     });
+    if webhooks_on(v) {
+        container["ports"].as_array_mut().expect("ports").push(
+            json!({"name": "webhook", "containerPort": v["webhooks"]["port"], "protocol": "TCP"}),
+        );
+    }
     if non_empty(&v["env"]) {
         container["env"] = v["env"].clone();
     }
@@ -696,6 +739,90 @@ fn workload(v: &Value, f: &Value, ns: &Ns) -> Vec<Value> {
             out
         }
     }
+}
+
+/// Where the webhook server's certificate Secret is mounted.
+const WEBHOOK_TLS_DIR: &str = "/etc/kubernetes/webhook-tls";
+/// The webhook Service, and the name its certificate is issued for.
+const WEBHOOK_NAME: &str = "cloud-controller-manager-webhook";
+
+fn webhooks_on(v: &Value) -> bool {
+    v["webhooks"]["persistentVolumeLabel"]["enabled"] == json!(true)
+}
+
+fn webhook_secret(v: &Value) -> String {
+    match v["webhooks"]["certificates"].as_str() {
+        Some("secret") => v["webhooks"]["secret"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .into(),
+        _ => format!("{WEBHOOK_NAME}-tls"),
+    }
+}
+
+/// The webhook's Service, its certificate (cert-manager) and the MutatingWebhookConfiguration.
+fn webhook_objects(v: &Value, f: &Value, ns: &Ns) -> Vec<Value> {
+    if !webhooks_on(v) {
+        return Vec::new();
+    }
+    let w = &v["webhooks"];
+    let m = meta(f, WEBHOOK_NAME, Some(ns.release));
+    let mut out = vec![obj(
+        "v1",
+        "Service",
+        m.clone(),
+        json!({"spec": {"selector": f["labels"],
+        "ports": [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]}}),
+    )];
+    let mut hook_meta = meta(f, WEBHOOK_NAME, None);
+    let mut client = json!({"service": {"name": WEBHOOK_NAME, "namespace": ns.release,
+        "path": "/persistentvolumelabel", "port": 443}});
+    if w["certificates"] == "secret" {
+        let pem = w["secret"]["caBundle"].as_str().unwrap_or_default();
+        client["caBundle"] = json!(base64::engine::general_purpose::STANDARD.encode(pem));
+    } else {
+        let mut issuer = w["certManager"]["issuerRef"].clone();
+        if !non_empty(&issuer) {
+            let name = format!("{WEBHOOK_NAME}-selfsigned");
+            out.push(obj(
+                "cert-manager.io/v1",
+                "Issuer",
+                meta(f, &name, Some(ns.release)),
+                json!({"spec": {"selfSigned": {}}}),
+            ));
+            issuer = json!({"name": name, "kind": "Issuer"});
+        }
+        let svc = format!("{WEBHOOK_NAME}.{}", ns.release);
+        out.push(obj(
+            "cert-manager.io/v1",
+            "Certificate",
+            m,
+            json!({"spec": {
+            "secretName": webhook_secret(v), "issuerRef": issuer,
+            "dnsNames": [WEBHOOK_NAME, svc, format!("{svc}.svc")]}}),
+        ));
+        hook_meta["annotations"] =
+            json!({"cert-manager.io/inject-ca-from": format!("{}/{WEBHOOK_NAME}", ns.release)});
+    }
+    let p = &w["persistentVolumeLabel"];
+    out.push(obj(
+        "admissionregistration.k8s.io/v1",
+        "MutatingWebhookConfiguration",
+        hook_meta,
+        json!({
+            "webhooks": [{
+                "name": "persistentvolumelabel.ccm-rs.io",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": p["failurePolicy"],
+                "timeoutSeconds": p["timeoutSeconds"],
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                    "resources": ["persistentvolumes"]}],
+                "clientConfig": client,
+            }]
+        }),
+    ));
+    out
 }
 
 /// Prometheus Operator objects; the endpoint's TLS and authorization come from values.

@@ -330,6 +330,12 @@ async fn helm_chart_renders_what_ccm_manifests_prints() {
             serde_json::json!({"provider": "metal", "metal": {"credentialsSecrets": ["bmc-rack1"]}}),
             vec!["--values".into(), "VALUES_FILE".into()],
         ),
+        // The webhook with a Secret the operator provides (kube-sim stores the
+        // MutatingWebhookConfiguration; cert-manager's CRDs it does not serve).
+        (
+            webhook_values("secret"),
+            vec!["--values".into(), "VALUES_FILE".into()],
+        ),
     ];
     for (i, (values, args)) in cases.into_iter().enumerate() {
         let values_file = dir.join(format!("values-{i}.json"));
@@ -824,4 +830,209 @@ fn provider_grants_follow_the_provider() {
     .expect("write");
     assert_eq!(rbac_of(&["--values", file.to_str().expect("path")]), sim);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+const TEST_CA: &str = "-----BEGIN CERTIFICATE-----\nMIIBtest\n-----END CERTIFICATE-----\n";
+
+fn webhook_values(certificates: &str) -> Value {
+    serde_json::json!({"provider": "aws", "webhooks": {
+        "persistentVolumeLabel": {"enabled": true},
+        "certificates": certificates,
+        "secret": {"name": "ccm-webhook-tls", "caBundle": if certificates == "secret" { TEST_CA } else { "" }},
+    }})
+}
+
+fn render_values(dir: &Path, values: &Value) -> Vec<Value> {
+    let file = dir.join("values.json");
+    std::fs::write(&file, serde_json::to_vec(values).expect("json")).expect("write");
+    docs(&ccm_manifests(&["--values", file.to_str().expect("path")]))
+}
+
+/// Off unless enabled; enabled, everything a cluster needs to call it: the flags and port, the
+/// Service, the MutatingWebhookConfiguration the labeler is meant for, and a certificate the
+/// API server trusts (cert-manager's Certificate with its CA injected, or the operator's).
+#[test]
+fn the_webhook_is_off_unless_enabled_and_complete_when_enabled() {
+    let dir = tempdir("webhook");
+    let off = docs(&ccm_manifests(&[]));
+    assert!(
+        !off.iter()
+            .any(|o| o["kind"] == "MutatingWebhookConfiguration"
+                || o["metadata"]["name"] == "cloud-controller-manager-webhook")
+    );
+    let args =
+        one(&off, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(!args.contains("--webhooks"), "{args}");
+
+    let on = render_values(&dir, &webhook_values("cert-manager"));
+    let pod = &one(&on, "Deployment")["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for want in [
+        "--webhooks=persistentvolumelabel",
+        "--feature-gates=CloudControllerManagerWebhook=true",
+        "--webhook-secure-port=10260",
+        "--webhook-tls-cert-file=/etc/kubernetes/webhook-tls/tls.crt",
+        "--webhook-tls-private-key-file=/etc/kubernetes/webhook-tls/tls.key",
+    ] {
+        assert!(args.contains(&want), "{want} missing: {args:?}");
+    }
+    assert!(
+        c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["containerPort"] == 10260 && p["name"] == "webhook")
+    );
+    assert!(
+        pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["secret"]["secretName"] == "cloud-controller-manager-webhook-tls")
+    );
+    let svc = on
+        .iter()
+        .find(|o| {
+            o["kind"] == "Service" && o["metadata"]["name"] == "cloud-controller-manager-webhook"
+        })
+        .expect("service");
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], "webhook");
+    let cert = one(&on, "Certificate");
+    assert_eq!(
+        cert["spec"]["secretName"],
+        "cloud-controller-manager-webhook-tls"
+    );
+    assert!(
+        cert["spec"]["dnsNames"]
+            .to_string()
+            .contains("cloud-controller-manager-webhook.kube-system.svc")
+    );
+    assert_eq!(
+        cert["spec"]["issuerRef"]["name"],
+        one(&on, "Issuer")["metadata"]["name"]
+    );
+    let mwc = one(&on, "MutatingWebhookConfiguration");
+    assert_eq!(
+        mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "kube-system/cloud-controller-manager-webhook"
+    );
+    let hook = &mwc["webhooks"][0];
+    assert_eq!(hook["failurePolicy"], "Fail");
+    assert_eq!(hook["sideEffects"], "None");
+    assert_eq!(hook["timeoutSeconds"], 10);
+    assert_eq!(
+        hook["rules"][0]["operations"],
+        serde_json::json!(["CREATE"])
+    );
+    assert_eq!(
+        hook["rules"][0]["resources"],
+        serde_json::json!(["persistentvolumes"])
+    );
+    assert_eq!(
+        hook["clientConfig"]["service"]["name"],
+        "cloud-controller-manager-webhook"
+    );
+    assert_eq!(
+        hook["clientConfig"]["service"]["path"],
+        "/persistentvolumelabel"
+    );
+
+    // The Helm engine executes the cert-manager branch too (a copy of the chart whose
+    // defaults enable the webhook; lint renders the templates with them). An install, as in
+    // `helm_chart_renders_what_ccm_manifests_prints`, needs cert-manager's CRDs.
+    let chart = dir.join("chart");
+    copy_dir(&workspace().join("deploy/helm/ccm-rs"), &chart);
+    let values = std::fs::read_to_string(chart.join("values.yaml")).expect("values");
+    let enabled = values.replacen(
+        "persistentVolumeLabel:\n    enabled: false",
+        "persistentVolumeLabel:\n    enabled: true",
+        1,
+    );
+    assert_ne!(
+        values, enabled,
+        "values.yaml has webhooks.persistentVolumeLabel.enabled"
+    );
+    std::fs::write(chart.join("values.yaml"), enabled).expect("write");
+    let lint = Command::new(tool("helm-python"))
+        .arg(workspace().join("deploy/helm/helm.py"))
+        .arg("lint")
+        .arg(&chart)
+        .output()
+        .expect("helm lint");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&lint.stdout),
+        String::from_utf8_lossy(&lint.stderr)
+    );
+    // Lint reports a template error as a failure, and logs (only) a `fail` it hit.
+    assert!(
+        lint.status.success() && !said.contains("funcMap fail"),
+        "helm lint with the webhook on: {said}"
+    );
+
+    // The operator's own Secret: its CA is the caBundle, and the whole set validates.
+    let secret = render_values(&dir, &webhook_values("secret"));
+    let hook = &one(&secret, "MutatingWebhookConfiguration")["webhooks"][0];
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD
+        .decode(hook["clientConfig"]["caBundle"].as_str().expect("caBundle"))
+        .expect("base64");
+    assert_eq!(String::from_utf8_lossy(&ca), TEST_CA);
+    assert!(!secret.iter().any(|o| o["kind"] == "Certificate"));
+    let file = dir.join("secret.yaml");
+    let yaml: String = secret
+        .iter()
+        .map(|o| format!("---\n{}", serde_yaml_ng::to_string(o).unwrap()))
+        .collect();
+    std::fs::write(&file, yaml).expect("write");
+    let out = Command::new(tool("kubernetes-validate"))
+        .args(["--strict", "--kubernetes-version", "1.36.0"])
+        .arg(&file)
+        .output()
+        .expect("kubernetes-validate");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // What cannot work is refused, naming the values to set.
+    let mut incomplete = webhook_values("secret");
+    incomplete["webhooks"]["secret"]["caBundle"] = serde_json::json!("");
+    std::fs::write(dir.join("bad.json"), incomplete.to_string()).expect("write");
+    let err = ccm_manifests_err(&["--values", dir.join("bad.json").to_str().unwrap()]);
+    assert!(err.contains("webhooks.secret.caBundle"), "{err}");
+    std::fs::write(
+        dir.join("pod.json"),
+        webhook_values("cert-manager").to_string(),
+    )
+    .expect("write");
+    let err = ccm_manifests_err(&[
+        "--variant",
+        "static-pod",
+        "--values",
+        dir.join("pod.json").to_str().unwrap(),
+    ]);
+    assert!(err.contains("webhooks"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let path = entry.expect("entry").path();
+        let dest = to.join(path.file_name().expect("name"));
+        if path.is_dir() {
+            copy_dir(&path, &dest);
+        } else {
+            std::fs::copy(&path, &dest).expect("copy");
+        }
+    }
 }

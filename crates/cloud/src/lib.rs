@@ -28,6 +28,7 @@
 //! | `GetLoadBalancer` `(status, exists, err)` | [`LoadBalancer::get_load_balancer`] → `Option<status>` |
 //! | `EnsureLoadBalancer`, `UpdateLoadBalancer`, `EnsureLoadBalancerDeleted` | same names |
 //! | `ListRoutes`, `CreateRoute(nameHint)`, `DeleteRoute` | same names on [`Routes`] |
+//! | app `WebhookConfigs` (KEP-2699) | [`CloudProvider::webhooks`]; the PV labeler from [`CloudProvider::volumes`] |
 //! | `InstanceNotFound`, `NotImplemented`, `ImplementedElsewhere`, `api.RetryError` | [`CloudError`] variants |
 //! | `RegisterCloudProvider` (global, fatal on duplicate) | [`ProviderRegistry::register`] (a value; error on duplicate) |
 
@@ -37,6 +38,8 @@ mod provider;
 mod ratelimit;
 mod registry;
 mod types;
+mod volume;
+pub mod webhook;
 
 pub use error::{CloudError, CloudResult, ConfigError};
 pub use metering::{CloudMetrics, MeterOptions, metered, op};
@@ -53,6 +56,7 @@ pub use types::{
     NodeAddress, NodeAddressKey, Route, Service, default_load_balancer_name, node_name,
     node_provider_id,
 };
+pub use volume::{VolumeTopology, Volumes};
 
 /// Re-exported so providers name the same Kubernetes API version as the controllers.
 pub use k8s_openapi;

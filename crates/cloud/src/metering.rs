@@ -32,6 +32,7 @@ use crate::ratelimit::RateLimiter;
 use crate::types::{
     InstanceEvent, InstanceMetadata, InstanceStatus, LoadBalancerStatus, Node, Route, Service,
 };
+use crate::volume::Volumes;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -178,6 +179,8 @@ pub mod op {
     pub const DELETE_ROUTE: &str = "delete_route";
     /// [`crate::CloudProvider::initialize`]
     pub const INITIALIZE: &str = "initialize";
+    /// [`crate::Volumes::volume_topology`]
+    pub const VOLUME_TOPOLOGY: &str = "volume_topology";
 }
 
 struct Meter {
@@ -310,6 +313,39 @@ impl CloudProvider for Metered {
             inner,
             meter: self.meter.clone(),
         }))
+    }
+    fn volumes(&self) -> Option<Arc<dyn Volumes>> {
+        let inner = self.inner.volumes()?;
+        Some(Arc::new(MeteredVolumes {
+            inner,
+            meter: self.meter.clone(),
+        }))
+    }
+    fn webhooks(&self) -> Vec<Arc<dyn crate::webhook::Webhook>> {
+        self.inner.webhooks()
+    }
+}
+
+struct MeteredVolumes {
+    inner: Arc<dyn Volumes>,
+    meter: Arc<Meter>,
+}
+
+#[async_trait]
+impl Volumes for MeteredVolumes {
+    fn volume_id(&self, spec: &k8s_openapi::api::core::v1::PersistentVolumeSpec) -> Option<String> {
+        self.inner.volume_id(spec)
+    }
+    async fn volume_topology(
+        &self,
+        ids: &[String],
+    ) -> CloudResult<std::collections::HashMap<String, crate::VolumeTopology>> {
+        self.meter
+            .call(op::VOLUME_TOPOLOGY, self.inner.volume_topology(ids))
+            .await
+    }
+    fn max_batch_size(&self) -> usize {
+        self.inner.max_batch_size()
     }
 }
 

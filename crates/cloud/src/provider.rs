@@ -118,6 +118,18 @@ pub trait CloudProvider: Send + Sync + 'static {
     fn routes(&self) -> Option<Arc<dyn Routes>> {
         None
     }
+
+    /// Disk topology lookups. `Some`: `--webhooks=persistentvolumelabel` serves the
+    /// PersistentVolume labeler for this cloud's disks; `None`: that name is a startup error.
+    fn volumes(&self) -> Option<Arc<dyn crate::Volumes>> {
+        None
+    }
+
+    /// Further admission webhooks this provider hosts, each enabled by its name in
+    /// `--webhooks` (upstream: the provider's `WebhookConfigs`). Called once, at startup.
+    fn webhooks(&self) -> Vec<Arc<dyn crate::webhook::Webhook>> {
+        Vec::new()
+    }
 }
 
 /// Instance lookups with upstream InstancesV2 semantics: every call takes the whole Node, and

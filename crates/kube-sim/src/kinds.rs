@@ -246,6 +246,12 @@ pub fn prepare(ctx: &KindCtx, obj: &mut Value, alloc: &mut Allocator) -> Result<
             crate::workloads::daemonset(ctx, obj, &mut errs);
         }
         ids::PODDISRUPTIONBUDGETS => crate::workloads::pdb(obj, &mut errs),
+        ids::MUTATINGWEBHOOKCONFIGURATIONS => {
+            crate::admission::validate_config(obj, true, &mut errs)
+        }
+        ids::VALIDATINGWEBHOOKCONFIGURATIONS => {
+            crate::admission::validate_config(obj, false, &mut errs)
+        }
         _ => {}
     }
     if errs.is_empty() {

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+mod admission;
 pub mod cost;
 mod discovery;
 mod faults;

@@ -396,6 +396,50 @@ pub static RESOURCES: &[ResourceDesc] = &[
         patch_lists: POD_TEMPLATE_LISTS,
         categories: &["all"],
     },
+    // Stored only: PersistentVolumes are what the CCM's PersistentVolume labeler webhook
+    // mutates; the webhook configurations drive `admission` (calls on create and update).
+    ResourceDesc {
+        group: "",
+        version: "v1",
+        plural: "persistentvolumes",
+        singular: "persistentvolume",
+        kind: "PersistentVolume",
+        namespaced: false,
+        short_names: &["pv"],
+        status_subresource: true,
+        has_spec: true,
+        fields: NO,
+        patch_lists: &[],
+        categories: NO,
+    },
+    ResourceDesc {
+        group: "admissionregistration.k8s.io",
+        version: "v1",
+        plural: "mutatingwebhookconfigurations",
+        singular: "mutatingwebhookconfiguration",
+        kind: "MutatingWebhookConfiguration",
+        namespaced: false,
+        short_names: NO,
+        status_subresource: false,
+        has_spec: false,
+        fields: NO,
+        patch_lists: &[("webhooks", ListStrategy::MergeByKey("name"))],
+        categories: &["api-extensions"],
+    },
+    ResourceDesc {
+        group: "admissionregistration.k8s.io",
+        version: "v1",
+        plural: "validatingwebhookconfigurations",
+        singular: "validatingwebhookconfiguration",
+        kind: "ValidatingWebhookConfiguration",
+        namespaced: false,
+        short_names: NO,
+        status_subresource: false,
+        has_spec: false,
+        fields: NO,
+        patch_lists: &[("webhooks", ListStrategy::MergeByKey("name"))],
+        categories: &["api-extensions"],
+    },
 ];
 
 /// Strategic-merge keys of a pod template (`spec.template.spec`), as in `core/v1` PodSpec.
@@ -466,6 +510,14 @@ pub mod ids {
     pub const DAEMONSETS: usize = 17;
     /// policy/v1 poddisruptionbudgets.
     pub const PODDISRUPTIONBUDGETS: usize = 18;
+    /// core/v1 endpoints.
+    pub const ENDPOINTS: usize = 8;
+    /// discovery.k8s.io/v1 endpointslices.
+    pub const ENDPOINTSLICES: usize = 11;
+    /// admissionregistration.k8s.io/v1 mutatingwebhookconfigurations.
+    pub const MUTATINGWEBHOOKCONFIGURATIONS: usize = 21;
+    /// admissionregistration.k8s.io/v1 validatingwebhookconfigurations.
+    pub const VALIDATINGWEBHOOKCONFIGURATIONS: usize = 22;
 }
 
 /// The API groups served under `/apis`, in discovery order.
@@ -504,6 +556,17 @@ mod tests {
         assert_eq!(
             RESOURCES[ids::PODDISRUPTIONBUDGETS].plural,
             "poddisruptionbudgets"
+        );
+        assert_eq!(RESOURCES[ids::ENDPOINTS].plural, "endpoints");
+        assert_eq!(RESOURCES[ids::ENDPOINTSLICES].plural, "endpointslices");
+        assert_eq!(RESOURCES[20].plural, "persistentvolumes");
+        assert_eq!(
+            RESOURCES[ids::MUTATINGWEBHOOKCONFIGURATIONS].plural,
+            "mutatingwebhookconfigurations"
+        );
+        assert_eq!(
+            RESOURCES[ids::VALIDATINGWEBHOOKCONFIGURATIONS].plural,
+            "validatingwebhookconfigurations"
         );
     }
 }

@@ -569,6 +569,22 @@ impl Shared {
                         return error_resp(&e);
                     }
                 };
+                let admit = crate::admission::Request {
+                    verb,
+                    res: target.res,
+                    ns: target.ns.as_deref().unwrap_or_default(),
+                    name: target.name.as_deref(),
+                    subresource: target.sub.is_some(),
+                    dry_run: dry_run(&q).unwrap_or(false),
+                    user: &user,
+                };
+                let body = match crate::admission::admit(&self.store, admit, body).await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        self.count(verb, &target, e.code, &client, &user);
+                        return error_resp(&e);
+                    }
+                };
                 let shape = shape.unwrap_or(Shape::Plain);
                 let cost = self.cost.read().clone();
                 if !cost.is_free() && verb.is_write() {

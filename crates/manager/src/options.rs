@@ -773,7 +773,7 @@ impl RunOptions {
         }
         self.validate_serving(&mut errs);
         let leader_migration = self.validate_leader_migration(&mut errs);
-        if let Err(e) = crate::webhook::select(&self.webhooks, crate::webhook::KNOWN) {
+        if let Err(e) = crate::webhook::check_syntax(&self.webhooks) {
             errs.push(e);
         }
         if self.webhook_tls_cert_file.is_some() != self.webhook_tls_private_key_file.is_some() {

@@ -92,7 +92,8 @@ pub struct Runtime {
     pub handles: watch::Sender<Option<ControllerHandles>>,
     /// Leader status, for health and metrics.
     pub leader: LeaderStatus,
-    /// Admission webhooks the provider offers; `--webhooks` picks which are served.
+    /// Admission webhooks the binary offers besides the provider's; `--webhooks` picks which
+    /// are served.
     pub webhooks: Vec<Arc<dyn crate::webhook::Webhook>>,
 }
 
@@ -183,7 +184,9 @@ pub async fn run(
         tracing::info!("--secure-port=0: not serving health or metrics");
     }
 
-    crate::webhook::setup::start(&v, &rt.webhooks, &rt.registry, serve_shutdown.clone()).await?;
+    let webhook_shutdown = serve_shutdown.clone();
+    crate::webhook::setup::start(&v, &provider, &rt.webhooks, &rt.registry, webhook_shutdown)
+        .await?;
 
     let master_status: Family<NameLabel, Gauge> = Family::default();
     rt.registry.write().register(

@@ -1,8 +1,9 @@
 //! The webhook server end to end over HTTPS: real AdmissionReview requests to the
 //! PersistentVolume labeler, started from the upstream flags as `ccm run` starts it.
 //!
-//! The cloud side is a hand-written `VolumeZones` (no provider in this crate answers disk
-//! lookups): it counts calls, can fail, and can be slow, which is what these tests check.
+//! The cloud side is a hand-written `ccm_cloud::Volumes` (a provider offering only disks): it
+//! counts calls, can fail, and can be slow, which is what these tests check. The manager builds
+//! the labeler from it as `ccm run` does; the sim and AWS providers have their own tests.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -11,8 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use base64::Engine as _;
+use ccm_cloud::k8s_openapi::api::core::v1::PersistentVolumeSpec;
+use ccm_cloud::{CloudProvider, CloudResult, VolumeTopology, Volumes};
 use ccm_manager::options::RunOptions;
-use ccm_manager::webhook::pvlabel::{PvLabeler, Sources, VolumeTopology, VolumeZones};
+use ccm_manager::webhook::pvlabel::PvLabeler;
 use ccm_manager::webhook::{Webhook, select, setup};
 use clap::Parser;
 use http_body_util::{BodyExt, Full};
@@ -37,16 +40,27 @@ struct Disks {
 }
 
 #[async_trait::async_trait]
-impl VolumeZones for Disks {
+impl Volumes for Disks {
+    /// In-tree EBS (`aws://zone/vol-…` or `vol-…`) and the EBS CSI driver, as the AWS provider.
+    fn volume_id(&self, spec: &PersistentVolumeSpec) -> Option<String> {
+        if let Some(ebs) = &spec.aws_elastic_block_store {
+            return ebs.volume_id.rsplit('/').next().map(str::to_string);
+        }
+        let csi = spec.csi.as_ref()?;
+        (csi.driver == "ebs.csi.aws.com").then(|| csi.volume_handle.clone())
+    }
     async fn volume_topology(
         &self,
         ids: &[String],
-    ) -> anyhow::Result<HashMap<String, VolumeTopology>> {
+    ) -> CloudResult<HashMap<String, VolumeTopology>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.ids_asked.fetch_add(ids.len(), Ordering::SeqCst);
         tokio::time::sleep(self.delay).await;
         if self.fail {
-            anyhow::bail!("DescribeVolumes: RequestLimitExceeded");
+            return Err(ccm_cloud::CloudError::Throttled {
+                message: "DescribeVolumes: RequestLimitExceeded".into(),
+                retry_after: None,
+            });
         }
         Ok(ids
             .iter()
@@ -59,6 +73,18 @@ impl VolumeZones for Disks {
                 (id.clone(), t)
             })
             .collect())
+    }
+}
+
+/// A provider that offers only disks.
+struct DiskCloud(Arc<Disks>);
+
+impl CloudProvider for DiskCloud {
+    fn provider_name(&self) -> &str {
+        "sim"
+    }
+    fn volumes(&self) -> Option<Arc<dyn Volumes>> {
+        Some(self.0.clone())
     }
 }
 
@@ -77,7 +103,11 @@ struct Server {
 }
 
 /// Starts the server from flags, as `ccm run` does, trusting the self-signed pair it writes.
-async fn start(disks: Arc<Disks>, timeout: Duration, extra: &[&str]) -> anyhow::Result<Server> {
+async fn start(
+    disks: Arc<Disks>,
+    timeout: Option<Duration>,
+    extra: &[&str],
+) -> anyhow::Result<Server> {
     let dir = std::env::temp_dir().join(format!("ccm-webhook-{}", rand_suffix()));
     let port = free_port();
     let mut argv = vec![
@@ -91,18 +121,16 @@ async fn start(disks: Arc<Disks>, timeout: Duration, extra: &[&str]) -> anyhow::
     ];
     argv.extend(extra.iter().map(|s| s.to_string()));
     let v = Cmd::try_parse_from(argv)?.options.validate()?;
-    let labeler = PvLabeler::new(
-        disks,
-        Sources {
-            aws_ebs_in_tree: true,
-            csi_driver: Some("ebs.csi.aws.com".into()),
-        },
-    )
-    .with_timeout(timeout);
-    let offered: Vec<Arc<dyn Webhook>> = vec![Arc::new(labeler)];
+    // The labeler's own timeout is not a flag: a test that needs a short one supplies the
+    // labeler itself, which takes precedence over the one built from the provider.
+    let offered: Vec<Arc<dyn Webhook>> = match timeout {
+        Some(t) => vec![Arc::new(PvLabeler::new(disks.clone()).with_timeout(t))],
+        None => Vec::new(),
+    };
+    let provider: Arc<dyn CloudProvider> = Arc::new(DiskCloud(disks));
     let registry = Arc::new(RwLock::new(Registry::default()));
     let stop = CancellationToken::new();
-    let addr = setup::start(&v, &offered, &registry, stop.clone())
+    let addr = setup::start(&v, &provider, &offered, &registry, stop.clone())
         .await?
         .expect("server started");
     // Written when the server generated its own pair; a test serving files sets its client.
@@ -245,7 +273,7 @@ fn zone_terms(pv: &PersistentVolume) -> Vec<(String, Vec<String>)> {
 #[tokio::test]
 async fn an_ebs_pv_gets_zone_region_labels_and_node_affinity() -> anyhow::Result<()> {
     let disks = Arc::new(Disks::default());
-    let s = start(disks.clone(), Duration::from_secs(5), &[]).await?;
+    let s = start(disks.clone(), None, &[]).await?;
 
     let pv = ebs_pv("in-tree", "aws://us-east-1b/vol-0abc");
     let r = s.review(pv.clone()).await?;
@@ -308,7 +336,7 @@ async fn an_ebs_pv_gets_zone_region_labels_and_node_affinity() -> anyhow::Result
 #[tokio::test]
 async fn a_burst_of_pvs_shares_lookups_and_repeats_are_cached() -> anyhow::Result<()> {
     let disks = Arc::new(Disks::default());
-    let s = Arc::new(start(disks.clone(), Duration::from_secs(5), &[]).await?);
+    let s = Arc::new(start(disks.clone(), None, &[]).await?);
     let burst = |round: &'static str| {
         let s = s.clone();
         async move {
@@ -351,7 +379,7 @@ async fn a_failed_or_slow_lookup_is_refused_never_admitted_unlabeled() -> anyhow
         fail: true,
         ..Disks::default()
     });
-    let s = start(failing, Duration::from_secs(5), &[]).await?;
+    let s = start(failing, None, &[]).await?;
     let r = s.review(ebs_pv("throttled", "vol-1")).await?;
     assert_eq!(r["allowed"], false, "{r}");
     assert_eq!(r["status"]["code"], 500);
@@ -367,7 +395,7 @@ async fn a_failed_or_slow_lookup_is_refused_never_admitted_unlabeled() -> anyhow
         delay: Duration::from_secs(3),
         ..Disks::default()
     });
-    let s = start(slow, Duration::from_millis(200), &[]).await?;
+    let s = start(slow, Some(Duration::from_millis(200)), &[]).await?;
     let r = s.review(ebs_pv("slow", "vol-2")).await?;
     assert_eq!(r["allowed"], false, "{r}");
     let msg = r["status"]["message"].as_str().unwrap_or_default();
@@ -377,7 +405,7 @@ async fn a_failed_or_slow_lookup_is_refused_never_admitted_unlabeled() -> anyhow
 
 #[tokio::test]
 async fn malformed_requests_get_400() -> anyhow::Result<()> {
-    let s = start(Arc::new(Disks::default()), Duration::from_secs(5), &[]).await?;
+    let s = start(Arc::new(Disks::default()), None, &[]).await?;
     let (code, _) = s.post("text/plain", review(&ebs_pv("a", "vol-1"))).await?;
     assert_eq!(code, 400);
     let (code, _) = s
@@ -416,9 +444,9 @@ async fn startup_errors_name_the_flag() -> anyhow::Result<()> {
         argv.extend_from_slice(args);
         Cmd::try_parse_from(argv).unwrap().options.validate()
     };
-    let err = parse(&["--webhooks=pvlabel"]).err().unwrap().to_string();
+    let err = parse(&["--webhooks=Pv_Label"]).err().unwrap().to_string();
     assert!(
-        err.contains("--webhooks") && err.contains("pvlabel"),
+        err.contains("--webhooks") && err.contains("Pv_Label"),
         "{err}"
     );
     let err = parse(&["--webhook-tls-cert-file=/x.crt"])
@@ -434,7 +462,8 @@ async fn startup_errors_name_the_flag() -> anyhow::Result<()> {
         &format!("--webhook-secure-port={}", free_port()),
     ])?;
     let registry = Arc::new(RwLock::new(Registry::default()));
-    let err = setup::start(&v, &[], &registry, CancellationToken::new())
+    let bare: Arc<dyn CloudProvider> = Arc::new(Bare);
+    let err = setup::start(&v, &bare, &[], &registry, CancellationToken::new())
         .await
         .unwrap_err()
         .to_string();
@@ -442,13 +471,35 @@ async fn startup_errors_name_the_flag() -> anyhow::Result<()> {
         err.contains("--webhooks") && err.contains("not offered"),
         "{err}"
     );
+    // A name neither built in nor offered by the provider (upstream's wording).
+    let v = parse(&[
+        "--webhooks=foo",
+        "--feature-gates=CloudControllerManagerWebhook=true",
+        &format!("--webhook-secure-port={}", free_port()),
+    ])?;
+    let err = setup::start(&v, &bare, &[], &registry, CancellationToken::new())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--webhooks: \"foo\" is not in the list of known webhooks"),
+        "{err}"
+    );
+    // The provider's own webhook is served by its name.
+    let v = parse(&[
+        "--webhooks=namecheck",
+        "--feature-gates=CloudControllerManagerWebhook=true",
+        &format!("--webhook-secure-port={}", free_port()),
+    ])?;
+    let served = setup::start(&v, &bare, &[], &registry, CancellationToken::new()).await?;
+    assert!(served.is_some(), "a provider's webhook is served");
 
     // Without the gate, no server (as upstream).
     let v = parse(&[
         "--webhooks=persistentvolumelabel",
         &format!("--webhook-secure-port={}", free_port()),
     ])?;
-    let started = setup::start(&v, &[], &registry, CancellationToken::new()).await?;
+    let started = setup::start(&v, &bare, &[], &registry, CancellationToken::new()).await?;
     assert_eq!(started, None);
     Ok(())
 }
@@ -467,7 +518,7 @@ async fn certificate_files_are_served_and_reloaded() -> anyhow::Result<()> {
     let disks = Arc::new(Disks::default());
     let mut s = start(
         disks,
-        Duration::from_secs(5),
+        None,
         &[
             &format!("--webhook-tls-cert-file={}", cert.display()),
             &format!("--webhook-tls-private-key-file={}", key.display()),
@@ -503,6 +554,18 @@ async fn certificate_files_are_served_and_reloaded() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A provider without disks whose only webhook is [`NameCheck`].
+struct Bare;
+
+impl CloudProvider for Bare {
+    fn provider_name(&self) -> &str {
+        "bare"
+    }
+    fn webhooks(&self) -> Vec<Arc<dyn Webhook>> {
+        vec![Arc::new(NameCheck)]
+    }
+}
+
 /// A validating webhook written for this test: refuses names starting with "bad", fails on
 /// names starting with "err"; its failure policy is Ignore.
 struct NameCheck;
@@ -518,7 +581,7 @@ impl Webhook for NameCheck {
     async fn admit(
         &self,
         req: &ccm_manager::webhook::AdmissionRequest,
-    ) -> anyhow::Result<ccm_manager::webhook::Admission> {
+    ) -> Result<ccm_manager::webhook::Admission, ccm_manager::webhook::WebhookError> {
         let name = req
             .object
             .as_ref()
@@ -526,7 +589,7 @@ impl Webhook for NameCheck {
             .and_then(Value::as_str)
             .unwrap_or_default();
         if name.starts_with("err") {
-            anyhow::bail!("backend unavailable");
+            return Err("backend unavailable".into());
         }
         if name.starts_with("panic") {
             panic!("a bug in the handler");

@@ -14,7 +14,7 @@ pub mod setup;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -32,62 +32,36 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-/// The webhooks ccm-rs knows by name; `--webhooks` accepts only these (upstream: only the
-/// names its provider registered).
+pub use ccm_cloud::webhook::{Admission, AdmissionRequest, FailurePolicy, Webhook, WebhookError};
+
+/// The webhooks the manager builds itself from a provider capability; `--webhooks` accepts
+/// these and the names of the provider's own [`ccm_cloud::CloudProvider::webhooks`].
 pub const KNOWN: &[&str] = &[pvlabel::NAME];
 
-/// What to answer when a handler fails or exceeds its timeout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailurePolicy {
-    /// Deny the request (status 500 in the AdmissionResponse): nothing unchecked gets in.
-    Fail,
-    /// Admit the object unchanged, with a warning.
-    Ignore,
-}
-
-/// A handler's verdict.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Admission {
-    /// Admit unchanged.
-    Allow,
-    /// Admit with these JSON-patch operations (a mutating webhook).
-    Patch(Vec<Value>),
-    /// Refuse, with the message the user sees.
-    Deny(String),
-}
-
-/// The parts of an `AdmissionRequest` handlers use.
-#[derive(Debug, Clone, Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct AdmissionRequest {
-    /// Echoed in the response.
-    pub uid: String,
-    /// CREATE, UPDATE, DELETE or CONNECT.
-    #[serde(default)]
-    pub operation: String,
-    /// The resource's group/version/kind.
-    #[serde(default)]
-    pub kind: Value,
-    /// The object as submitted.
-    #[serde(default)]
-    pub object: Option<Value>,
-}
-
-/// One admission webhook a CCM hosts.
-#[async_trait::async_trait]
-pub trait Webhook: Send + Sync + 'static {
-    /// The name `--webhooks` enables it by, and its path (`/<name>`).
-    fn name(&self) -> &str;
-    /// How a handler error or timeout is answered.
-    fn failure_policy(&self) -> FailurePolicy {
-        FailurePolicy::Fail
+/// Checks `--webhooks` entries for what can be told before the provider exists: no empty
+/// `-` and no name that is not a DNS label (a path segment). Which names exist is checked at
+/// startup, against the provider ([`select`]).
+pub fn check_syntax(flags: &[String]) -> Result<(), String> {
+    for raw in flags
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty() && *s != "*")
+    {
+        let name = raw.strip_prefix('-').unwrap_or(raw);
+        let label = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !name.starts_with('-')
+            && !name.ends_with('-');
+        if !label {
+            return Err(format!(
+                "--webhooks: {raw:?} is not a webhook name (lower-case letters, digits and '-'; prefix '-' disables, '*' enables all)"
+            ));
+        }
     }
-    /// The longest a handler may take; kube-apiserver's own default timeout is 10s.
-    fn timeout(&self) -> Duration {
-        Duration::from_secs(5)
-    }
-    /// Decides on one request. An `Err` is answered per [`Webhook::failure_policy`].
-    async fn admit(&self, req: &AdmissionRequest) -> anyhow::Result<Admission>;
+    Ok(())
 }
 
 /// Resolves `--webhooks` as upstream: a name enables it, `-name` disables it, `*` enables the
@@ -259,7 +233,7 @@ async fn decide(hook: &Hook, req: &AdmissionRequest) -> (Admission, Option<Strin
             }
             return (a, None);
         }
-        Ok(Ok(Err(e))) => format!("webhook {:?} failed: {e:#}", w.name()),
+        Ok(Ok(Err(e))) => format!("webhook {:?} failed: {e}", w.name()),
         Err(_) => format!("webhook {:?} timed out after {:?}", w.name(), w.timeout()),
     };
     hook.metrics.failures.get_or_create(&label).inc();

@@ -16,63 +16,45 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Admission, AdmissionRequest, FailurePolicy, Webhook};
+use ccm_cloud::k8s_openapi::api::core::v1::PersistentVolumeSpec;
+use ccm_cloud::{VolumeTopology, Volumes};
+
+use super::{Admission, AdmissionRequest, FailurePolicy, Webhook, WebhookError};
 
 /// The webhook's name in `--webhooks` and its path.
 pub const NAME: &str = "persistentvolumelabel";
 /// How long the first request of a batch waits for others.
 pub const BATCH_WINDOW: Duration = Duration::from_millis(20);
-/// Most volumes in one lookup (EC2 DescribeVolumes takes up to 500 ids per filter).
-pub const MAX_BATCH: usize = 200;
 const CACHE_LIMIT: usize = 50_000;
 const ZONE: &str = "topology.kubernetes.io/zone";
+/// The PersistentVolumeSource fields that name a cloud disk.
+const DISK_SOURCES: &[&str] = &[
+    "awsElasticBlockStore",
+    "azureDisk",
+    "cinder",
+    "csi",
+    "gcePersistentDisk",
+    "vsphereVolume",
+];
 const REGION: &str = "topology.kubernetes.io/region";
-
-/// Where a disk lives.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VolumeTopology {
-    /// e.g. `us-east-1a`.
-    pub zone: String,
-    /// e.g. `us-east-1`.
-    pub region: String,
-}
-
-/// The cloud capability the labeler needs: many disks' zones in one call.
-#[async_trait::async_trait]
-pub trait VolumeZones: Send + Sync + 'static {
-    /// Topology of each known volume; a volume absent from the map does not exist. An `Err`
-    /// means "no authoritative answer" and is never read as "absent".
-    async fn volume_topology(
-        &self,
-        ids: &[String],
-    ) -> anyhow::Result<HashMap<String, VolumeTopology>>;
-}
 
 type Reply = oneshot::Sender<Result<Option<VolumeTopology>, String>>;
 
-/// Which PV sources are this cloud's disks.
-#[derive(Debug, Clone, Default)]
-pub struct Sources {
-    /// In-tree `awsElasticBlockStore` (`vol-…` or `aws://<zone>/vol-…`).
-    pub aws_ebs_in_tree: bool,
-    /// A CSI driver name whose `volumeHandle` is the disk id (e.g. `ebs.csi.aws.com`).
-    pub csi_driver: Option<String>,
-}
-
 /// The labeler webhook.
 pub struct PvLabeler {
-    sources: Sources,
+    volumes: Arc<dyn Volumes>,
     queue: mpsc::UnboundedSender<(String, Reply)>,
     timeout: Duration,
 }
 
 impl PvLabeler {
-    /// Starts the batching task (on the current Tokio runtime) over `zones`.
-    pub fn new(zones: Arc<dyn VolumeZones>, sources: Sources) -> Self {
+    /// Starts the batching task (on the current Tokio runtime) over the provider's disks. The
+    /// task ends when the labeler is dropped.
+    pub fn new(volumes: Arc<dyn Volumes>) -> Self {
         let (queue, rx) = mpsc::unbounded_channel();
-        tokio::spawn(batcher(zones, rx));
+        tokio::spawn(batcher(volumes.clone(), rx));
         PvLabeler {
-            sources,
+            volumes,
             queue,
             timeout: Duration::from_secs(5),
         }
@@ -85,30 +67,32 @@ impl PvLabeler {
         self
     }
 
-    /// The disk id of a PV of this cloud, or None for any other PV.
-    fn volume_id(&self, pv: &Value) -> Option<String> {
-        let spec = pv.get("spec")?;
-        if self.sources.aws_ebs_in_tree
-            && let Some(id) = spec
-                .pointer("/awsElasticBlockStore/volumeID")
-                .and_then(Value::as_str)
-        {
-            return id.rsplit('/').next().map(str::to_string);
+    /// The disk id of a PV of this cloud, or None for any other PV. Only the cloud-disk
+    /// sources are decoded, so a field elsewhere in the spec that this crate's API types do
+    /// not know can never make a PV of this cloud pass unlabelled.
+    fn volume_id(&self, pv: &Value) -> Result<Option<String>, WebhookError> {
+        let Some(spec) = pv.get("spec").and_then(Value::as_object) else {
+            return Ok(None);
+        };
+        let sources: serde_json::Map<String, Value> = spec
+            .iter()
+            .filter(|(k, _)| DISK_SOURCES.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if sources.is_empty() {
+            return Ok(None);
         }
-        let csi = spec.get("csi")?;
-        let driver = self.sources.csi_driver.as_deref()?;
-        (csi.get("driver")?.as_str()? == driver)
-            .then(|| csi.get("volumeHandle")?.as_str().map(str::to_string))?
+        let spec: PersistentVolumeSpec = serde_json::from_value(Value::Object(sources))
+            .map_err(|e| format!("cannot read the PersistentVolume's volume source: {e}"))?;
+        Ok(self.volumes.volume_id(&spec))
     }
 
-    async fn lookup(&self, id: String) -> anyhow::Result<Option<VolumeTopology>> {
+    async fn lookup(&self, id: String) -> Result<Option<VolumeTopology>, WebhookError> {
         let (tx, rx) = oneshot::channel();
-        self.queue
-            .send((id, tx))
-            .map_err(|_| anyhow::anyhow!("volume lookup task stopped"))?;
-        rx.await
-            .map_err(|_| anyhow::anyhow!("volume lookup task stopped"))?
-            .map_err(|e| anyhow::anyhow!("volume lookup failed: {e}"))
+        let stopped = || WebhookError::from("volume lookup task stopped");
+        self.queue.send((id, tx)).map_err(|_| stopped())?;
+        let answer = rx.await.map_err(|_| stopped())?;
+        answer.map_err(|e| format!("volume lookup failed: {e}").into())
     }
 }
 
@@ -124,12 +108,12 @@ impl Webhook for PvLabeler {
     fn timeout(&self) -> Duration {
         self.timeout
     }
-    async fn admit(&self, req: &AdmissionRequest) -> anyhow::Result<Admission> {
+    async fn admit(&self, req: &AdmissionRequest) -> Result<Admission, WebhookError> {
         let pv = match &req.object {
             Some(pv) if req.operation == "CREATE" && is_pv(&req.kind) => pv,
             _ => return Ok(Admission::Allow),
         };
-        let Some(id) = self.volume_id(pv) else {
+        let Some(id) = self.volume_id(pv)? else {
             return Ok(Admission::Allow);
         };
         match self.lookup(id).await? {
@@ -211,12 +195,13 @@ fn node_affinity(current: Option<&Value>, wanted: &[(&str, &str)]) -> Value {
 }
 
 /// Collects requests into batches: answers cached ones at once, looks the rest up in one call.
-async fn batcher(zones: Arc<dyn VolumeZones>, mut rx: mpsc::UnboundedReceiver<(String, Reply)>) {
+async fn batcher(zones: Arc<dyn Volumes>, mut rx: mpsc::UnboundedReceiver<(String, Reply)>) {
     let mut cache: HashMap<String, VolumeTopology> = HashMap::new();
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
+        let max_batch = zones.max_batch_size().max(1);
         let deadline = tokio::time::Instant::now() + BATCH_WINDOW;
-        while batch.len() < MAX_BATCH {
+        while batch.len() < max_batch {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(item)) => batch.push(item),
                 Ok(None) | Err(_) => break,
@@ -245,7 +230,7 @@ async fn batcher(zones: Arc<dyn VolumeZones>, mut rx: mpsc::UnboundedReceiver<(S
                 }
             }
             Err(e) => {
-                let msg = format!("{e:#}");
+                let msg = e.to_string();
                 for (id, reply) in batch {
                     let answer = match cache.get(&id) {
                         Some(t) => Ok(Some(t.clone())),

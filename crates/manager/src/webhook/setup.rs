@@ -8,7 +8,9 @@ use parking_lot::RwLock;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use super::{KNOWN, Webhook, WebhookMetrics, select};
+use ccm_cloud::CloudProvider;
+
+use super::{KNOWN, Webhook, WebhookMetrics, pvlabel, select};
 use crate::options::{Validated, tls_min_version};
 use crate::tls::{CertSource, TlsSettings};
 
@@ -46,16 +48,24 @@ pub fn tls_settings(v: &Validated) -> anyhow::Result<TlsSettings> {
 }
 
 /// Starts the webhook server when upstream would: the gate is on, the port is not 0 and
-/// `--webhooks` enables at least one webhook. Every enabled name must be among `offered`
-/// (what this provider supplies), else a startup error naming the flag.
+/// `--webhooks` enables at least one webhook. The names are those of [`KNOWN`] (built here
+/// from provider capabilities: `persistentvolumelabel` from [`CloudProvider::volumes`]) and of
+/// the provider's own [`CloudProvider::webhooks`] plus `extra` (supplied by the binary). An
+/// unknown name, or a known one this provider cannot serve, is a startup error naming the flag.
 pub async fn start(
     v: &Validated,
-    offered: &[Arc<dyn Webhook>],
+    provider: &Arc<dyn CloudProvider>,
+    extra: &[Arc<dyn Webhook>],
     registry: &Arc<RwLock<Registry>>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Option<SocketAddr>> {
     let o = &v.options;
-    let enabled = select(&o.webhooks, KNOWN).map_err(|e| anyhow::anyhow!(e))?;
+    let mut offered: Vec<Arc<dyn Webhook>> = provider.webhooks();
+    offered.extend(extra.iter().cloned());
+    let mut names: Vec<&str> = KNOWN.to_vec();
+    names.extend(offered.iter().map(|w| w.name()));
+    names.dedup();
+    let enabled = select(&o.webhooks, &names).map_err(|e| anyhow::anyhow!(e))?;
     let port = o.webhook_secure_port.unwrap_or(DEFAULT_PORT);
     if enabled.is_empty() || port == 0 {
         return Ok(None);
@@ -68,13 +78,18 @@ pub async fn start(
     }
     let mut hooks = Vec::new();
     for name in &enabled {
-        let hook = offered.iter().find(|w| w.name() == name).with_context(|| {
-            format!(
+        let hook = match offered.iter().find(|w| w.name() == name) {
+            Some(hook) => hook.clone(),
+            None if name == pvlabel::NAME && provider.volumes().is_some() => {
+                let volumes = provider.volumes().expect("checked");
+                Arc::new(pvlabel::PvLabeler::new(volumes)) as Arc<dyn Webhook>
+            }
+            None => anyhow::bail!(
                 "--webhooks: {name:?} is not offered by cloud provider {:?}",
                 o.cloud_provider
-            )
-        })?;
-        hooks.push(hook.clone());
+            ),
+        };
+        hooks.push(hook);
     }
     let metrics = WebhookMetrics::new(&mut registry.write());
     let bind = o

@@ -372,4 +372,8 @@ impl CloudProvider for AwsCloud {
     fn routes(&self) -> Option<Arc<dyn Routes>> {
         Some(Arc::new(self.clone()))
     }
+
+    fn volumes(&self) -> Option<Arc<dyn ccm_cloud::Volumes>> {
+        Some(Arc::new(self.clone()))
+    }
 }

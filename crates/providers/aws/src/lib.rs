@@ -28,6 +28,7 @@ mod providerid;
 mod routes;
 mod sg;
 mod subnets;
+mod volumes;
 
 pub use cloud::{AwsCloud, IdentitySources, PROVIDER_NAME, https_client, register};
 pub use config::{AwsConfig, IpFamily, Service, ServiceOverride};
@@ -36,3 +37,4 @@ pub use identity::{ClusterId, explicit_cluster_name};
 pub use instances::{MAX_IDS_PER_CALL, node_addresses};
 pub use metrics::AwsMetrics;
 pub use providerid::{NodeKind, classify, ec2_instance_id, parse_provider_id, provider_id};
+pub use volumes::{EBS_CSI_DRIVER, MAX_VOLUMES_PER_CALL};

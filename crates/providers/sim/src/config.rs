@@ -42,6 +42,9 @@ pub struct SimConfig {
     /// Instances that exist from the start.
     #[serde(default)]
     pub instances: Vec<InstanceSpec>,
+    /// Disks that exist from the start (for the PersistentVolume labeler).
+    #[serde(default)]
+    pub volumes: Vec<crate::VolumeSpec>,
 }
 
 /// `[latency.<op>]`: fixed plus uniformly random jitter, in milliseconds.
@@ -100,6 +103,7 @@ impl SimConfig {
                 ("error_rate", !self.error_rate.is_empty()),
                 ("throttle", !self.throttle.is_empty()),
                 ("instances", !self.instances.is_empty()),
+                ("volumes", !self.volumes.is_empty()),
             ];
             if let Some((field, _)) = owned_by_server.iter().find(|(_, set)| *set) {
                 return Err(ConfigError::field(
@@ -202,6 +206,9 @@ impl SimConfig {
         }
         for inst in &self.instances {
             sim.add_instance(inst.clone());
+        }
+        for volume in &self.volumes {
+            sim.add_volume(volume.clone());
         }
         Ok(match &self.actor {
             Some(actor) => sim.with_actor(actor),

@@ -33,6 +33,7 @@ pub const SIM_OPS: &[&str] = &[
     op::LIST_ROUTES,
     op::CREATE_ROUTE,
     op::DELETE_ROUTE,
+    op::VOLUME_TOPOLOGY,
 ];
 
 /// Maps an operation name (or [`ALL_OPS`]) to its `'static` spelling, so a typo fails loudly

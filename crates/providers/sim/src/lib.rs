@@ -41,6 +41,8 @@
 //!   Ensure creates or updates and reports the VIP as ingress IP; update replaces only the
 //!   backend hosts and fails for a missing LB; delete is idempotent. VIPs are unique among live
 //!   LBs and not reused right away.
+//! - **Volumes** (disks): each has a zone and a region; `volume_topology` answers a batch of
+//!   ids in one call (unknown ids are left out), for PVs of the [`SIM_CSI_DRIVER`] driver.
 //! - **Faults** happen before a call touches state, so a failed call changes nothing. Throttled
 //!   calls fail at once with `RequestLimitExceeded`; other calls first sleep their latency
 //!   (`tokio::time::sleep`, so paused-time tests run instantly).
@@ -62,6 +64,7 @@ pub mod faults;
 pub mod fixtures;
 mod provider;
 pub mod remote;
+mod volumes;
 
 pub use cloud::{
     DEFAULT_ACTOR, DEFAULT_MAX_BATCH_SIZE, DEFAULT_VIP_RANGE, InstanceSpec, InstanceState,
@@ -72,3 +75,4 @@ pub use config::{LatencyConfig, SimConfig, ThrottleConfig, register};
 pub use faults::{ALL_OPS, Latency, SIM_OPS, Throttle, known_op};
 pub use provider::{parse_provider_id, route_name};
 pub use remote::{RemoteSim, SimServer};
+pub use volumes::{SIM_CSI_DRIVER, SimVolume, VolumeSpec};

@@ -83,10 +83,14 @@ impl CloudProvider for SimCloud {
     fn routes(&self) -> Option<Arc<dyn Routes>> {
         Some(Arc::new(self.clone()))
     }
+
+    fn volumes(&self) -> Option<Arc<dyn ccm_cloud::Volumes>> {
+        Some(Arc::new(self.clone()))
+    }
 }
 
 impl SimCloud {
-    fn check_batch(&self, n: usize) -> CloudResult<()> {
+    pub(crate) fn check_batch(&self, n: usize) -> CloudResult<()> {
         if n > self.inner.max_batch_size {
             return Err(CloudError::Permanent(format!(
                 "InvalidParameterValue: {n} instances in one call; at most {} allowed",
