@@ -16,6 +16,7 @@
 //!
 //! The cloud-config reference and a full example are in `docs/providers/metal.md`.
 
+pub mod bgp;
 pub mod config;
 mod events;
 mod instances;

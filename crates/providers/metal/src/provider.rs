@@ -34,7 +34,7 @@ pub(crate) struct Inner {
     pub(crate) last_text: RwLock<String>,
     pub(crate) redfish: Redfish,
     pub(crate) lb: LbState,
-    pub(crate) routes: Option<RouteState>,
+    pub(crate) routes: Option<Arc<RouteState>>,
     pub(crate) client: RwLock<Option<kube::Client>>,
     /// The `spec.loadBalancerClass` served, fixed at startup: the service controller reads it
     /// once, so every part of the provider must keep answering the same.
@@ -87,7 +87,7 @@ impl MetalCloud {
         path: Option<PathBuf>,
         text: String,
     ) -> Result<Self, ConfigError> {
-        let routes = config.routes.as_ref().map(RouteState::new);
+        let routes = config.routes.as_ref().map(|r| Arc::new(RouteState::new(r)));
         let class = config.load_balancer_class.clone();
         Ok(MetalCloud {
             inner: Arc::new(Inner {
@@ -205,7 +205,7 @@ impl CloudProvider for MetalCloud {
         // A new leadership term rebuilds the LB table from the cluster before allocating.
         self.inner.lb.reset().await;
         if let Some(routes) = &self.inner.routes {
-            routes.learn_nodes(&ctx.client).await;
+            routes.start_term(&ctx.client, ctx.shutdown.clone()).await;
         }
         if !self.config().pools.is_empty() {
             // Addresses a pool edit left uncovered while the CCM was down are reported too.
