@@ -17,6 +17,7 @@ use parking_lot::RwLock;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
+use crate::bgp::BgpState;
 use crate::config::RoutesSettings;
 use crate::netlink::{KernelRoute, NetlinkTable};
 use crate::provider::MetalCloud;
@@ -33,13 +34,15 @@ pub(crate) struct RouteState {
     /// Held (shared) by each table change; taken (exclusive) when the term ends, so no create
     /// lands after the table was emptied. `true` once the term ended.
     ended: tokio::sync::RwLock<bool>,
+    /// `Some` in BGP mode: routes are announced, the kernel table is not used.
+    pub(crate) bgp: Option<Arc<BgpState>>,
 }
 
 /// A route's target as listed to the route controller: a Node and its addresses.
 #[derive(Debug, Clone, Default)]
-struct Target {
-    node: String,
-    addresses: Vec<NodeAddressKey>,
+pub(crate) struct Target {
+    pub(crate) node: String,
+    pub(crate) addresses: Vec<NodeAddressKey>,
 }
 
 impl RouteState {
@@ -50,6 +53,10 @@ impl RouteState {
             gateways: RwLock::new(HashMap::new()),
             created: RwLock::new(HashMap::new()),
             ended: tokio::sync::RwLock::new(false),
+            bgp: settings
+                .bgp
+                .as_ref()
+                .map(|b| Arc::new(BgpState::new(b, settings.netns.clone()))),
         }
     }
 
@@ -60,9 +67,14 @@ impl RouteState {
         self: &Arc<Self>,
         client: &kube::Client,
         shutdown: CancellationToken,
+        warn: Arc<dyn Fn(String, &'static str, String) + Send + Sync>,
     ) {
         *self.ended.write().await = false;
-        self.learn_nodes(client).await;
+        let nodes = self.learn_nodes(client).await;
+        if let Some(bgp) = &self.bgp {
+            bgp.start_term(initial_routes(&nodes), shutdown, warn).await;
+            return;
+        }
         if let Err(e) = self.guard_cluster_cidrs().await {
             tracing::error!(error = %e, "metal: cannot put the unreachable routes for the cluster CIDRs in the route table");
         }
@@ -126,7 +138,7 @@ impl RouteState {
 
     /// Learns every Node's InternalIPs (one LIST at the start of a leadership term), so routes
     /// made by an earlier process are recognised instead of re-created.
-    async fn learn_nodes(&self, client: &kube::Client) {
+    async fn learn_nodes(&self, client: &kube::Client) -> Vec<K8sNode> {
         match Api::<K8sNode>::all(client.clone())
             .list(&ListParams::default())
             .await
@@ -143,9 +155,11 @@ impl RouteState {
                         g.insert(ip, target.clone());
                     }
                 }
+                list.items
             }
             Err(e) => {
-                tracing::warn!(error = %e, "metal: cannot list Nodes to name existing routes; they are re-created at the first sync")
+                tracing::warn!(error = %e, "metal: cannot list Nodes to name existing routes; they are re-created at the first sync");
+                Vec::new()
             }
         }
     }
@@ -161,6 +175,39 @@ impl RouteState {
             .await
             .cloned()
     }
+}
+
+/// The routes the route controller would create for `nodes`: each pod CIDR via the Node's
+/// InternalIP of its family. A BGP term starts announcing these at once.
+fn initial_routes(nodes: &[K8sNode]) -> Vec<(IpNet, IpAddr, Target)> {
+    let mut out = Vec::new();
+    for node in nodes {
+        let target = Target {
+            node: node.metadata.name.clone().unwrap_or_default(),
+            addresses: node_addresses(node),
+        };
+        let cidrs = node
+            .spec
+            .as_ref()
+            .and_then(|s| {
+                s.pod_cidrs
+                    .clone()
+                    .or_else(|| s.pod_cidr.clone().map(|c| vec![c]))
+            })
+            .unwrap_or_default();
+        for cidr in cidrs {
+            let Ok(net) = cidr.parse::<IpNet>() else {
+                continue;
+            };
+            if let Some(gw) = internal_ips(node)
+                .into_iter()
+                .find(|ip| ip.is_ipv4() == net.addr().is_ipv4())
+            {
+                out.push((net, gw, target.clone()));
+            }
+        }
+    }
+    out
 }
 
 fn transient(e: rtnetlink::Error) -> CloudError {
@@ -229,6 +276,9 @@ impl MetalCloud {
 impl Routes for MetalCloud {
     async fn list_routes(&self, _cluster: &str) -> CloudResult<Vec<Route>> {
         let state = self.route_state()?;
+        if let Some(bgp) = &state.bgp {
+            return bgp.list();
+        }
         let routes = state
             .table()
             .await?
@@ -265,6 +315,13 @@ impl Routes for MetalCloud {
             ))
         })?;
         let gateway = self.gateway_for(route, &dst)?;
+        let target = Target {
+            node: route.target_node.clone(),
+            addresses: route.target_node_addresses.clone(),
+        };
+        if let Some(bgp) = &state.bgp {
+            return bgp.announce(dst, gateway, target).await;
+        }
         let ended = state.ended.read().await;
         if *ended {
             return Err(CloudError::Transient(
@@ -283,10 +340,6 @@ impl Routes for MetalCloud {
             .replace(&KernelRoute { dst, gateway })
             .await
             .map_err(|e| CloudError::Transient(format!("adding route {dst} via {gateway}: {e}")))?;
-        let target = Target {
-            node: route.target_node.clone(),
-            addresses: route.target_node_addresses.clone(),
-        };
         state.created.write().insert(dst, (gateway, target));
         Ok(())
     }
@@ -296,6 +349,9 @@ impl Routes for MetalCloud {
         let dst: IpNet = route.destination_cidr.parse().map_err(|_| {
             CloudError::Permanent(format!("route {:?} is not a CIDR", route.destination_cidr))
         })?;
+        if let Some(bgp) = &state.bgp {
+            return bgp.withdraw(dst).await;
+        }
         let _ended = state.ended.read().await;
         state
             .table()

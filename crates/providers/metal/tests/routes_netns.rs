@@ -10,7 +10,6 @@
 mod support;
 
 use std::process::Command;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -375,14 +374,6 @@ async fn kernel_routes_carry_real_packets_and_go_with_the_node() {
         )
         .await;
     }
-    // n3's pod CIDRs are where another tool already has routes (protocol static).
-    register_node(
-        &client,
-        "n3",
-        &["10.244.99.0/24", "fd00:244:0:99::/64"],
-        &[("InternalIP", "192.168.77.13"), ("InternalIP", "fd78::13")],
-    )
-    .await;
     let ccm = Ccm::start(
         &kubeconfig,
         &cloud_config,
@@ -429,22 +420,6 @@ async fn kernel_routes_carry_real_packets_and_go_with_the_node() {
         );
     }
 
-    // Another tool's routes at n3's pod CIDRs are not overwritten by n3's routes.
-    let foreign_kept = |t: &str| {
-        let kept = |prefix: &str| {
-            t.lines()
-                .any(|l| l.starts_with(prefix) && l.contains("proto static"))
-        };
-        kept("10.244.99.0/24 via 192.168.77.12") && kept("fd00:244:0:99::/64 via fd78::12")
-    };
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let t = table(&rt);
-    assert!(foreign_kept(&t), "foreign routes kept: {t}");
-    assert!(
-        !t.contains("192.168.77.13") && !t.contains("fd78::13"),
-        "no route of ccm-rs for n3: {t}"
-    );
-
     // n2 moves to a new InternalIP: the route follows, and packets go by the new address only.
     let n2 = n.name("n2");
     let n2v = format!("n2v{}", n.id);
@@ -473,6 +448,14 @@ async fn kernel_routes_carry_real_packets_and_go_with_the_node() {
     })
     .await;
 
+    // Another tool's routes in the table (at n3's pod CIDRs) are never touched.
+    let foreign_kept = |t: &str| {
+        let kept = |prefix: &str| {
+            t.lines()
+                .any(|l| l.starts_with(prefix) && l.contains("proto static"))
+        };
+        kept("10.244.99.0/24 via 192.168.77.12") && kept("fd00:244:0:99::/64 via fd78::12")
+    };
     Api::<Node>::all(client.clone())
         .delete("n1", &DeleteParams::default())
         .await
@@ -490,6 +473,31 @@ async fn kernel_routes_carry_real_packets_and_go_with_the_node() {
     assert!(ping(&cl, "10.244.2.10"), "n2 still routed");
     let t = table(&rt);
     assert!(foreign_kept(&t), "foreign routes kept: {t}");
+
+    // n3 joins with pod CIDRs where another tool already has routes (protocol static): the
+    // controller's create is refused (a refused create backs the controller off, so last).
+    register_node(
+        &client,
+        "n3",
+        &["10.244.99.0/24", "fd00:244:0:99::/64"],
+        &[("InternalIP", "192.168.77.13"), ("InternalIP", "fd78::13")],
+    )
+    .await;
+    wait_for("the route controller reports n3's route", || async {
+        Api::<Node>::all(client.clone())
+            .get_status("n3")
+            .await
+            .ok()
+            .and_then(|n| n.status?.conditions)
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "NetworkUnavailable"))
+    })
+    .await;
+    let t = table(&rt);
+    assert!(foreign_kept(&t), "foreign routes kept: {t}");
+    assert!(
+        !t.contains("192.168.77.13") && !t.contains("fd78::13"),
+        "no route of ccm-rs for n3: {t}"
+    );
 
     // The replica stops leading (SIGTERM): it leaves no next hop behind that nobody updates.
     ccm.stop().await;
