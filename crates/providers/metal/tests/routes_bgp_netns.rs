@@ -133,8 +133,7 @@ fn build(n: &Netns) {
         ns(&host, &format!("ip link set {hv} up"));
         ns(&host, "ip route add default via 192.168.79.1");
         ns(&host, "ip -6 route add default via fd79::1");
-        if role.starts_with('n') {
-            let k = &role[1..];
+        if let Some(k) = role.strip_prefix('n') {
             let dummy = Command::new("ip")
                 .args([
                     "netns", "exec", &host, "ip", "link", "add", "pod0", "type", "dummy",
