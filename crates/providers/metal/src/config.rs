@@ -37,7 +37,7 @@ pub struct MetalConfigFile {
     /// LoadBalancer behaviour.
     #[serde(default)]
     pub load_balancer: LoadBalancerOptions,
-    /// Kernel pod-CIDR routes on the host the CCM runs on.
+    /// Pod-CIDR routes: announced over BGP, or kernel routes on the host the CCM runs on.
     pub routes: Option<RoutesConfig>,
 }
 
