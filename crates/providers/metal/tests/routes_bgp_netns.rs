@@ -22,7 +22,7 @@ struct Netns {
     router: Option<std::process::Child>,
 }
 
-const ROLES: [&str; 5] = ["cl", "rt", "h1", "n1", "n2"];
+const ROLES: [&str; 6] = ["cl", "rt", "h1", "h2", "n1", "n2"];
 
 impl Netns {
     fn name(&self, role: &str) -> String {
@@ -116,7 +116,7 @@ fn build(n: &Netns) {
     ns(&rt, "ip link set br0 up");
     ns(&rt, "sysctl -qw net.ipv4.ip_forward=1");
     ns(&rt, "sysctl -qw net.ipv6.conf.all.forwarding=1");
-    for (i, role) in ["h1", "n1", "n2"].iter().enumerate() {
+    for (i, role) in ["h1", "h2", "n1", "n2"].iter().enumerate() {
         let host = n.name(role);
         let (hv, bv) = (format!("{role}v{id}"), format!("{role}b{id}"));
         run(&[
@@ -124,7 +124,7 @@ fn build(n: &Netns) {
             &rt,
         ]);
         ns(&rt, &format!("ip link set {bv} master br0 up"));
-        let last = [2, 11, 12][i];
+        let last = [2, 3, 11, 12][i];
         ns(&host, &format!("ip addr add 192.168.79.{last}/24 dev {hv}"));
         ns(
             &host,
@@ -164,7 +164,10 @@ fn start_router(n: &mut Netns, dir: &Path) -> PathBuf {
         "router id 192.168.79.1;\nlog stderr all;\nprotocol device { scan time 5; }\n\
          protocol kernel { ipv4 { export all; }; }\nprotocol kernel { ipv6 { export all; }; }\n\
          protocol bgp host1 { local 192.168.79.1 as 64501; neighbor 192.168.79.2 as 64512; \
-         hold time 3; graceful restart on; connect retry time 1; \
+         hold time 3; graceful restart on; connect retry time 1; error wait time 1, 5; \
+         ipv4 { import all; export none; }; ipv6 { import all; export none; }; }\n\
+         protocol bgp host2 { local 192.168.79.1 as 64501; neighbor 192.168.79.3 as 64512; \
+         hold time 3; graceful restart on; connect retry time 1; error wait time 1, 5; \
          ipv4 { import all; export none; }; ipv6 { import all; export none; }; }\n\
          protocol bgp wrongas { local 192.168.79.4 as 64501; neighbor 192.168.79.2 as 64999; \
          hold time 3; connect retry time 1; ipv4 { import all; export none; }; }\n",
@@ -439,4 +442,245 @@ async fn pod_cidrs_announced_over_bgp_carry_real_packets() {
         "measured: routes kept {:?} after SIGTERM (graceful_restart_time = 4 s)",
         stopped.elapsed()
     );
+}
+
+/// Options of a replica process (the manager's own flags).
+#[derive(clap::Parser)]
+struct ReplicaArgs {
+    #[command(flatten)]
+    options: ccm_manager::options::RunOptions,
+}
+
+/// Env var carrying a replica's flags (JSON list) to [`ha_replica`].
+const REPLICA_ENV: &str = "METAL_BGP_REPLICA_ARGS";
+
+/// Not a test: the body of a CCM replica process for
+/// [`two_replicas_hand_the_announcements_over`], which runs this test binary again with
+/// [`REPLICA_ENV`] set. Runs the manager until SIGTERM (or lost leadership), as `ccm` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a helper process of two_replicas_hand_the_announcements_over, not a test"]
+async fn ha_replica() {
+    use clap::Parser as _;
+    let Ok(args) = std::env::var(REPLICA_ENV) else {
+        return;
+    };
+    let argv: Vec<String> = serde_json::from_str(&args).expect("replica args");
+    let validated = ReplicaArgs::try_parse_from(argv)
+        .expect("replica flags")
+        .options
+        .validate()
+        .expect("valid flags");
+    ccm_manager::logging::init(2, ccm_manager::options::LogFormat::Text);
+    let mut providers = ccm_cloud::ProviderRegistry::new();
+    ccm_provider_metal::register(&mut providers).expect("register");
+    let rt = ccm_manager::run::Runtime::default();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let on_term = shutdown.clone();
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        term.recv().await;
+        on_term.cancel();
+    });
+    let exit = ccm_manager::run::run(validated, &providers, &rt, shutdown).await;
+    eprintln!("replica exit: {exit:?}");
+}
+
+fn spawn_replica(kubeconfig: &Path, cloud_config: &Path) -> std::process::Child {
+    let argv = serde_json::to_string(&[
+        "ccm".to_string(),
+        "--cloud-provider=metal".into(),
+        format!("--cloud-config={}", cloud_config.display()),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--secure-port=0".into(),
+        "--leader-elect=true".into(),
+        "--leader-elect-lease-duration=4s".into(),
+        "--leader-elect-renew-deadline=3s".into(),
+        "--leader-elect-retry-period=500ms".into(),
+        "--controllers=route".into(),
+        "--cluster-cidr=10.244.0.0/16,fd00:244::/56".into(),
+    ])
+    .expect("json");
+    Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "ha_replica",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(REPLICA_ENV, argv)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(replica_log(cloud_config))
+        .spawn()
+        .expect("replica")
+}
+
+/// A replica's stderr: appended to `$METAL_TEST_REPLICA_LOGS/<config name>.log` when that is
+/// set (to see what a replica did), else dropped.
+fn replica_log(cloud_config: &Path) -> std::process::Stdio {
+    let Some(dir) = std::env::var_os("METAL_TEST_REPLICA_LOGS") else {
+        return std::process::Stdio::null();
+    };
+    let name = cloud_config
+        .file_stem()
+        .unwrap_or_default()
+        .to_string_lossy();
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(Path::new(&dir).join(format!("{name}.log")))
+        .map(std::process::Stdio::from)
+        .unwrap_or_else(|_| std::process::Stdio::null())
+}
+
+/// Pings `addr` from `ns` back to back until stopped; returns (sent, lost).
+struct Pinger {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(u32, u32)>,
+}
+
+impl Pinger {
+    fn start(ns: String, addr: &'static str) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut sent, mut lost) = (0, 0);
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                sent += 1;
+                if !ping(&ns, addr) {
+                    lost += 1;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (sent, lost)
+        });
+        Pinger { stop, thread }
+    }
+
+    fn stop(self) -> (u32, u32) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("pinger")
+    }
+}
+
+fn replica_config(dir: &Path, n: &Netns, host: &str, last: u8) -> PathBuf {
+    let path = dir.join(format!("{host}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            "[routes]\nmode = \"bgp\"\nnetns = \"/run/netns/{}\"\n\n[routes.bgp]\nasn = 64512\n\
+             router_id = \"192.168.79.{last}\"\nhold_time = 3\ngraceful_restart_time = 30\nrun_dir = \"{}\"\n\n\
+             [[routes.bgp.peers]]\naddress = \"192.168.79.1\"\nasn = 64501\n",
+            n.name(host),
+            dir.join(host).display()
+        ),
+    )
+    .expect("replica config");
+    path
+}
+
+fn established(router: &Path, proto: &str) -> bool {
+    birdc(router, &format!("show protocols {proto}")).contains("Established")
+}
+
+/// Announced by `proto`'s session (the route's source in `show route all`).
+fn learned_from(router: &Path, prefix: &str, proto: &str) -> bool {
+    birdc(router, &format!("show route {prefix} all")).contains(&format!("[{proto} "))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_hand_the_announcements_over() {
+    if !preflight() {
+        return;
+    }
+    let mut n = Netns {
+        id: std::process::id() % 100_000 + 1,
+        router: None,
+    };
+    build(&n);
+    let dir = TempDir::new("bgp-ha");
+    let router = start_router(&mut n, &dir.0);
+    let cl = n.name("cl");
+    let (_kube, kubeconfig, client) = kube_sim(&dir.0).await;
+    for i in 1..=2 {
+        register_node(
+            &client,
+            &format!("n{i}"),
+            &[&format!("10.244.{i}.0/24")],
+            &[("InternalIP", &format!("192.168.79.1{i}"))],
+        )
+        .await;
+    }
+    let (c1, c2) = (
+        replica_config(&dir.0, &n, "h1", 2),
+        replica_config(&dir.0, &n, "h2", 3),
+    );
+    let mut a = KillOnDrop(spawn_replica(&kubeconfig, &c1));
+    wait_for("replica A leads and announces", || async {
+        established(&router, "host1") && learned_from(&router, "10.244.2.0/24", "host1")
+    })
+    .await;
+    let mut b = KillOnDrop(spawn_replica(&kubeconfig, &c2));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !established(&router, "host2"),
+        "a standby has no session: only the leader announces"
+    );
+    wait_for("ping n1's pod", || async { ping(&cl, "10.244.1.10") }).await;
+
+    // SIGTERM the leader A (a rolling update): its daemon goes without a withdrawal, the
+    // router keeps A's routes (graceful restart) until B announces: no ping lost.
+    let pinger = Pinger::start(cl.clone(), "10.244.2.10");
+    let termed = Instant::now();
+    run(&["kill", "-TERM", &a.0.id().to_string()]);
+    wait_for("replica B leads and announces", || async {
+        established(&router, "host2") && learned_from(&router, "10.244.2.0/24", "host2")
+    })
+    .await;
+    let took = termed.elapsed();
+    let _ = a.0.wait();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (sent, lost) = pinger.stop();
+    eprintln!(
+        "measured: SIGTERM of the leader → the other replica's routes at the router after {took:?}; pings: {sent} sent, {lost} lost"
+    );
+    assert_eq!(
+        lost, 0,
+        "graceful restart: no ping lost across a planned failover"
+    );
+
+    // A comes back as the standby; kill -9 the leader B: its daemon dies with it, the
+    // standby takes the lease when it expires and announces.
+    a = KillOnDrop(spawn_replica(&kubeconfig, &c1));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pinger = Pinger::start(cl.clone(), "10.244.1.10");
+    let killed = Instant::now();
+    b.0.kill().expect("kill -9");
+    let _ = b.0.wait();
+    wait_for("replica A leads again and announces", || async {
+        established(&router, "host1") && learned_from(&router, "10.244.1.0/24", "host1")
+    })
+    .await;
+    let took = killed.elapsed();
+    let (sent, lost) = pinger.stop();
+    eprintln!(
+        "measured: kill -9 of the leader → the standby's routes at the router after {took:?}; pings during the failover: {sent} sent, {lost} lost"
+    );
+    wait_for("pings after the failover", || async {
+        ping(&cl, "10.244.1.10") && ping(&cl, "10.244.2.10")
+    })
+    .await;
+    drop(a);
+}
+
+/// A replica process killed (SIGKILL) when the test ends, pass or fail.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
