@@ -234,6 +234,13 @@ async fn set_addresses(client: &kube::Client, name: &str, addresses: &[(&str, &s
         .expect("node addresses");
 }
 
+/// The CCM's `/metrics` text.
+fn metrics(ccm: &Ccm) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &ccm.rt.registry.read()).expect("encode");
+    out
+}
+
 fn preflight() -> bool {
     assert!(
         Command::new("id")
@@ -406,6 +413,15 @@ async fn pod_cidrs_announced_over_bgp_carry_real_packets() {
     )
     .await;
     assert!(learned(&router, "10.244.2.0/24", "192.168.79.22"));
+    wait_for("metrics: sessions and announced prefixes", || async {
+        let m = metrics(&ccm);
+        m.contains("ccm_metal_bgp_session_up{peer=\"192.168.79.1\"} 1")
+            && m.contains("ccm_metal_bgp_session_up{peer=\"192.168.79.4\"} 0")
+            && m.contains("ccm_metal_bgp_session_up{peer=\"192.168.79.9\"} 0")
+            && m.contains("ccm_metal_bgp_announced_prefixes{family=\"IPv4\"} 2")
+            && m.contains("ccm_metal_bgp_announced_prefixes{family=\"IPv6\"} 1")
+    })
+    .await;
     assert!(
         birdc(&router, "show protocols host1").contains("Established"),
         "the good session stays up"
