@@ -700,3 +700,45 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Every peer option ccm-rs renders is one BIRD 2 accepts (`bird -p` parses the config).
+#[test]
+fn every_peer_option_renders_a_config_bird_accepts() {
+    let Some(bird) = bird_bin("bird") else {
+        panic!("BIRD 2 not found (install it with .ci/setup.d/45-bird.sh)");
+    };
+    let config = ccm_provider_metal::MetalConfig::parse(
+        "[routes]\nmode = \"bgp\"\n[routes.bgp]\nasn = 64512\nrouter_id = \"192.0.2.2\"\nhold_time = 30\n\
+         graceful_restart_time = 300\n\
+         [[routes.bgp.peers]]\naddress = \"192.0.2.1\"\nasn = 64501\npassword = \"s3cret pw\"\nttl_security = true\n\
+         [[routes.bgp.peers]]\naddress = \"2001:db8::1\"\nasn = 64512\nmultihop = 4\nhold_time = 0\nport = 1179\n\
+         [[routes.bgp.peers]]\naddress = \"198.51.100.1\"\nasn = 4200000000\n",
+    )
+    .expect("config");
+    let bgp = config.routes.and_then(|r| r.bgp).expect("bgp");
+    let routes = std::collections::BTreeMap::from([
+        (
+            "10.244.1.0/24".parse().expect("net"),
+            "192.0.2.11".parse().expect("ip"),
+        ),
+        (
+            "fd00:244:0:1::/64".parse().expect("net"),
+            "2001:db8::11".parse().expect("ip"),
+        ),
+    ]);
+    let text = ccm_provider_metal::bgp::bird::render(&bgp, &routes);
+    let dir = TempDir::new("bird-parse");
+    let conf = dir.0.join("bird.conf");
+    std::fs::write(&conf, &text).expect("conf");
+    let out = Command::new(bird)
+        .arg("-p")
+        .arg("-c")
+        .arg(&conf)
+        .output()
+        .expect("bird -p");
+    assert!(
+        out.status.success(),
+        "bird refused the rendered config: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -69,11 +69,24 @@ impl Bird {
         self.settings.run_dir.join("bird.ctl")
     }
 
-    /// Writes the daemon's config for `routes` (pod CIDR → next hop), atomically.
+    /// Writes the daemon's config for `routes` (pod CIDR → next hop), atomically, readable by
+    /// the owner only.
     pub(crate) async fn write_config(&self, routes: &BTreeMap<IpNet, IpAddr>) -> io::Result<()> {
+        use tokio::io::AsyncWriteExt as _;
         tokio::fs::create_dir_all(&self.settings.run_dir).await?;
         let tmp = self.settings.run_dir.join("bird.conf.tmp");
-        tokio::fs::write(&tmp, render(&self.settings, routes)).await?;
+        let _ = tokio::fs::remove_file(&tmp).await;
+        // Owner-only: the file holds the peers' TCP MD5 passwords.
+        let mut f = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .await?;
+        f.write_all(render(&self.settings, routes).as_bytes())
+            .await?;
+        f.sync_all().await?;
+        drop(f);
         tokio::fs::rename(&tmp, self.conf()).await
     }
 
@@ -218,7 +231,7 @@ fn find(name: &str) -> PathBuf {
 /// The daemon's config: one static protocol per family holding the announced prefixes (as
 /// blackholes, which nothing installs: the daemon has no kernel protocol), and an export filter
 /// that sets each prefix's BGP next hop to its Node's address.
-pub(crate) fn render(s: &BgpSettings, routes: &BTreeMap<IpNet, IpAddr>) -> String {
+pub fn render(s: &BgpSettings, routes: &BTreeMap<IpNet, IpAddr>) -> String {
     let mut c = String::from(
         "# Written by ccm-rs (cloud-provider metal, routes.mode = \"bgp\"); rewritten on every change.\n",
     );
@@ -307,6 +320,46 @@ pub(crate) fn parse_protocols(out: &str) -> Vec<Session> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_config_with_passwords_is_owner_only() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("metal-bird-{}", std::process::id()));
+        let settings = BgpSettings {
+            asn: 64512,
+            router_id: None,
+            graceful_restart: Some(120),
+            bird: Some("/nonexistent/bird".into()),
+            birdc: Some("/nonexistent/birdc".into()),
+            run_dir: dir.clone(),
+            peers: vec![Peer {
+                address: "192.0.2.1".parse().expect("ip"),
+                asn: 64501,
+                password: Some("s3cret".into()),
+                ttl_security: true,
+                multihop: None,
+                hold_time: 9,
+                port: None,
+            }],
+        };
+        let bird = Bird::new(&settings, None);
+        let routes = BTreeMap::from([(
+            "10.244.1.0/24".parse().expect("net"),
+            "192.0.2.11".parse().expect("ip"),
+        )]);
+        bird.write_config(&routes).await.expect("write");
+        bird.write_config(&routes).await.expect("rewrite");
+        let meta = std::fs::metadata(dir.join("bird.conf")).expect("conf");
+        let text = std::fs::read_to_string(dir.join("bird.conf")).expect("conf");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert!(text.contains("password \"s3cret\";"), "{text}");
+        assert!(text.contains("ttl security on;"), "{text}");
+        assert!(
+            text.contains("if net = 10.244.1.0/24 then { bgp_next_hop = 192.0.2.11; accept; }"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn show_protocols_is_parsed() {
