@@ -37,7 +37,7 @@ pub struct MetalConfigFile {
     /// LoadBalancer behaviour.
     #[serde(default)]
     pub load_balancer: LoadBalancerOptions,
-    /// Kernel pod-CIDR routes on the host the CCM runs on.
+    /// Pod-CIDR routes: announced over BGP, or kernel routes on the host the CCM runs on.
     pub routes: Option<RoutesConfig>,
 }
 
@@ -202,6 +202,15 @@ pub struct RoutesConfig {
     /// Open the netlink socket in this network namespace (a path such as `/run/netns/gw`)
     /// instead of the CCM's own.
     pub netns: Option<PathBuf>,
+    /// The cluster CIDRs: each gets an `unreachable` route in the table, so an address in a
+    /// pod network without a route is refused instead of falling through to the main table.
+    #[serde(default)]
+    pub cluster_cidrs: Vec<String>,
+    /// `kernel` (default): routes in the table on the CCM's host. `bgp`: announced to the
+    /// `[routes.bgp]` peers.
+    pub mode: Option<String>,
+    /// The BGP speaker, for `mode = "bgp"`.
+    pub bgp: Option<crate::bgp::config::BgpConfig>,
 }
 
 /// One machine of the checked inventory.
@@ -266,6 +275,10 @@ pub struct RoutesSettings {
     pub protocol: u8,
     /// Namespace to open the socket in.
     pub netns: Option<PathBuf>,
+    /// Cluster CIDRs guarded by an `unreachable` route in the table.
+    pub cluster_cidrs: Vec<ipnet::IpNet>,
+    /// `Some` in BGP mode: the speaker's settings.
+    pub bgp: Option<crate::bgp::config::BgpSettings>,
 }
 
 impl MetalConfig {
@@ -327,11 +340,7 @@ impl MetalConfig {
             Some(ms) => Duration::from_millis(ms),
             None => DEFAULT_BMC_TIMEOUT,
         };
-        let routes = file.routes.map(|r| RoutesSettings {
-            table: r.table.unwrap_or(DEFAULT_ROUTE_TABLE),
-            protocol: r.protocol.unwrap_or(DEFAULT_ROUTE_PROTOCOL),
-            netns: r.netns,
-        });
+        let routes = file.routes.map(check_routes_file).transpose()?;
         if let Some(r) = &routes {
             check_routes(r)?;
         }
@@ -421,6 +430,53 @@ fn check_node_addresses(i: usize, pool: &Pool, machines: &[Machine]) -> Result<(
         }
     }
     Ok(())
+}
+
+fn check_routes_file(r: RoutesConfig) -> Result<RoutesSettings, ConfigError> {
+    let mut cluster_cidrs = Vec::new();
+    for (i, c) in r.cluster_cidrs.iter().enumerate() {
+        let net: ipnet::IpNet = c.parse().map_err(|_| {
+            ConfigError::field(
+                format!("routes.cluster_cidrs[{i}]"),
+                format!("a CIDR such as \"10.244.0.0/16\" (the --cluster-cidr value); got {c:?}"),
+            )
+        })?;
+        if net.trunc() != net {
+            return Err(ConfigError::field(
+                format!("routes.cluster_cidrs[{i}]"),
+                format!(
+                    "a network address without host bits, e.g. {}; got {c:?}",
+                    net.trunc()
+                ),
+            ));
+        }
+        cluster_cidrs.push(net);
+    }
+    let bgp = match r.mode.as_deref() {
+        None | Some("kernel") if r.bgp.is_none() => None,
+        None | Some("kernel") => {
+            return Err(ConfigError::field(
+                "routes.mode",
+                "\"bgp\" to use [routes.bgp] (or remove [routes.bgp] for kernel routes)",
+            ));
+        }
+        Some("bgp") => Some(crate::bgp::config::check(r.bgp)?),
+        Some(other) => {
+            return Err(ConfigError::field(
+                "routes.mode",
+                format!(
+                    "\"kernel\" (routes on the CCM's host) or \"bgp\" (announced to routers); got {other:?}"
+                ),
+            ));
+        }
+    };
+    Ok(RoutesSettings {
+        bgp,
+        table: r.table.unwrap_or(DEFAULT_ROUTE_TABLE),
+        protocol: r.protocol.unwrap_or(DEFAULT_ROUTE_PROTOCOL),
+        netns: r.netns,
+        cluster_cidrs,
+    })
 }
 
 fn check_routes(r: &RoutesSettings) -> Result<(), ConfigError> {

@@ -11,11 +11,13 @@
 //!   kube-vip annotations, `spec.loadBalancerIP`), sharing keys, dual-stack, state rebuilt from
 //!   the cluster's Services, no silent renumbering; kube-vip's annotation kept within the
 //!   status ([`kube_vip`]);
-//! - **Routes**: pod-CIDR routes as kernel routes (rtnetlink) in a dedicated table and protocol
-//!   on the host the CCM runs on.
+//! - **Routes**: pod CIDRs announced over BGP to the datacenter's routers by a BIRD 2 daemon
+//!   ccm-rs supervises ([`bgp`]), or kernel routes (rtnetlink) in a dedicated table and
+//!   protocol on the host the CCM runs on.
 //!
 //! The cloud-config reference and a full example are in `docs/providers/metal.md`.
 
+pub mod bgp;
 pub mod config;
 mod events;
 mod instances;

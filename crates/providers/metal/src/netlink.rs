@@ -6,6 +6,7 @@ use std::path::Path;
 
 use futures::TryStreamExt;
 use ipnet::IpNet;
+use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType, RouteVia,
 };
@@ -50,6 +51,18 @@ impl NetlinkTable {
 
     /// Routes in the table carrying the protocol number; everything else is invisible.
     pub async fn list(&self) -> Result<Vec<KernelRoute>, rtnetlink::Error> {
+        Ok(self
+            .table_routes()
+            .await?
+            .iter()
+            .filter(|m| u8::from(m.header.protocol) == self.protocol)
+            .filter(|m| m.header.kind == RouteType::Unicast)
+            .filter_map(kernel_route)
+            .collect())
+    }
+
+    /// Every route of the table, whoever made it.
+    async fn table_routes(&self) -> Result<Vec<RouteMessage>, rtnetlink::Error> {
         let mut out = Vec::new();
         let queries = [
             RouteMessageBuilder::<Ipv4Addr>::new()
@@ -62,19 +75,27 @@ impl NetlinkTable {
         for q in queries {
             let mut stream = self.handle.route().get(q).execute();
             while let Some(msg) = stream.try_next().await? {
-                if table_of(&msg) == self.table
-                    && u8::from(msg.header.protocol) == self.protocol
-                    && msg.header.kind == RouteType::Unicast
-                    && let Some(r) = kernel_route(&msg)
-                {
-                    out.push(r);
+                if table_of(&msg) == self.table {
+                    out.push(msg);
                 }
             }
         }
         Ok(out)
     }
 
-    /// Adds or replaces the route to `r.dst`.
+    /// The protocol number of another tool's route to exactly `dst` in the table, if there
+    /// is one: the kernel's replace would overwrite it whatever its protocol.
+    pub async fn foreign_owner(&self, dst: IpNet) -> Result<Option<u8>, rtnetlink::Error> {
+        Ok(self
+            .table_routes()
+            .await?
+            .iter()
+            .filter(|m| u8::from(m.header.protocol) != self.protocol)
+            .find(|m| destination(m) == Some(dst))
+            .map(|m| u8::from(m.header.protocol)))
+    }
+
+    /// Adds or replaces the route to `r.dst`. The caller checks [`Self::foreign_owner`] first.
     pub async fn replace(&self, r: &KernelRoute) -> Result<(), rtnetlink::Error> {
         let msg = self.builder(r.dst)?.gateway(r.gateway).map_err(invalid)?;
         self.handle
@@ -83,6 +104,13 @@ impl NetlinkTable {
             .replace()
             .execute()
             .await
+    }
+
+    /// Puts an `unreachable` route to `dst` (a cluster CIDR) in the table, so an address of a
+    /// pod network without a route is refused here instead of following the main table.
+    pub async fn ensure_unreachable(&self, dst: IpNet) -> Result<(), rtnetlink::Error> {
+        let msg = self.builder(dst)?.kind(RouteType::Unreachable).build();
+        self.handle.route().add(msg).replace().execute().await
     }
 
     /// Deletes our route to `dst`; a missing route is not an error.
@@ -121,22 +149,33 @@ fn table_of(msg: &RouteMessage) -> u32 {
         .unwrap_or(u32::from(msg.header.table))
 }
 
+/// The route's destination; a default route (no attribute) is `0.0.0.0/0` or `::/0`.
+fn destination(msg: &RouteMessage) -> Option<IpNet> {
+    let addr = msg
+        .attributes
+        .iter()
+        .find_map(|a| match a {
+            RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(IpAddr::V4(*ip)),
+            RouteAttribute::Destination(RouteAddress::Inet6(ip)) => Some(IpAddr::V6(*ip)),
+            _ => None,
+        })
+        .or(match msg.header.address_family {
+            AddressFamily::Inet => Some(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+            AddressFamily::Inet6 => Some(IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+            _ => None,
+        })?;
+    IpNet::new(addr, msg.header.destination_prefix_length).ok()
+}
+
 fn kernel_route(msg: &RouteMessage) -> Option<KernelRoute> {
-    let mut dst = None;
-    let mut gateway = None;
-    for a in &msg.attributes {
-        match a {
-            RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = Some(IpAddr::V4(*ip)),
-            RouteAttribute::Destination(RouteAddress::Inet6(ip)) => dst = Some(IpAddr::V6(*ip)),
-            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(IpAddr::V4(*ip)),
-            RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => gateway = Some(IpAddr::V6(*ip)),
-            RouteAttribute::Via(RouteVia::Inet6(ip)) => gateway = Some(IpAddr::V6(*ip)),
-            _ => {}
-        }
-    }
-    let dst = IpNet::new(dst?, msg.header.destination_prefix_length).ok()?;
+    let gateway = msg.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Gateway(RouteAddress::Inet(ip)) => Some(IpAddr::V4(*ip)),
+        RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => Some(IpAddr::V6(*ip)),
+        RouteAttribute::Via(RouteVia::Inet6(ip)) => Some(IpAddr::V6(*ip)),
+        _ => None,
+    });
     Some(KernelRoute {
-        dst,
+        dst: destination(msg)?,
         gateway: gateway?,
     })
 }

@@ -34,7 +34,7 @@ pub(crate) struct Inner {
     pub(crate) last_text: RwLock<String>,
     pub(crate) redfish: Redfish,
     pub(crate) lb: LbState,
-    pub(crate) routes: Option<RouteState>,
+    pub(crate) routes: Option<Arc<RouteState>>,
     pub(crate) client: RwLock<Option<kube::Client>>,
     /// The `spec.loadBalancerClass` served, fixed at startup: the service controller reads it
     /// once, so every part of the provider must keep answering the same.
@@ -87,7 +87,7 @@ impl MetalCloud {
         path: Option<PathBuf>,
         text: String,
     ) -> Result<Self, ConfigError> {
-        let routes = config.routes.as_ref().map(RouteState::new);
+        let routes = config.routes.as_ref().map(|r| Arc::new(RouteState::new(r)));
         let class = config.load_balancer_class.clone();
         Ok(MetalCloud {
             inner: Arc::new(Inner {
@@ -205,7 +205,14 @@ impl CloudProvider for MetalCloud {
         // A new leadership term rebuilds the LB table from the cluster before allocating.
         self.inner.lb.reset().await;
         if let Some(routes) = &self.inner.routes {
-            routes.learn_nodes(&ctx.client).await;
+            let me = self.clone();
+            let warn = Arc::new(move |peer: String, reason: &'static str, text: String| {
+                let me = me.clone();
+                tokio::spawn(async move { me.warn_bgp(&peer, reason, text).await });
+            });
+            routes
+                .start_term(&ctx.client, ctx.shutdown.clone(), warn)
+                .await;
         }
         if !self.config().pools.is_empty() {
             // Addresses a pool edit left uncovered while the CCM was down are reported too.
@@ -225,6 +232,24 @@ impl CloudProvider for MetalCloud {
             "Addresses of each LoadBalancer pool by family and state (total, assigned, free)",
             self.inner.lb.gauges.clone(),
         );
+        if let Some(bgp) = self.inner.routes.as_ref().and_then(|r| r.bgp.as_ref()) {
+            let m = &bgp.metrics;
+            registry.register(
+                "ccm_metal_bgp_session_up",
+                "1 while the BGP session to the peer is Established (routes.mode = bgp, leader only)",
+                m.session_up.clone(),
+            );
+            registry.register(
+                "ccm_metal_bgp_announced_prefixes",
+                "Pod CIDRs announced over BGP, by family",
+                m.announced.clone(),
+            );
+            registry.register(
+                "ccm_metal_bgp_daemon_restarts",
+                "Unplanned exits of the BIRD daemon ccm-rs supervises",
+                m.restarts.clone(),
+            );
+        }
     }
 
     fn instances(&self) -> Option<Arc<dyn Instances>> {

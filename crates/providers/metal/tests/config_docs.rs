@@ -52,3 +52,24 @@ fn metal_without_a_cloud_config_says_what_to_pass() {
     assert!(err.to_string().contains("--cloud-config"), "{err}");
     assert!(err.to_string().contains("docs/providers/metal.md"), "{err}");
 }
+
+#[test]
+fn the_documented_bgp_example_is_a_valid_config() {
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../docs/providers/metal.md"),
+    )
+    .expect("docs/providers/metal.md");
+    let start = doc
+        .find("```toml\n[routes]\nmode = \"bgp\"")
+        .expect("the BGP example");
+    let body = &doc[start + "```toml\n".len()..];
+    let example = &body[..body.find("```").expect("end of the example")];
+    let config = MetalConfig::parse(example).expect("the documented BGP example parses");
+    let bgp = config
+        .routes
+        .and_then(|r| r.bgp)
+        .expect("routes.mode = bgp");
+    assert_eq!(bgp.asn, 64512);
+    assert_eq!(bgp.peers.len(), 1);
+    assert!(bgp.peers[0].ttl_security);
+}

@@ -267,6 +267,8 @@ impl Sushy {
 /// The CCM running in this process with `--cloud-provider=metal`.
 pub struct Ccm {
     pub shutdown: CancellationToken,
+    /// The manager's runtime: its metrics registry, for tests that read `/metrics` series.
+    pub rt: Arc<ccm_manager::run::Runtime>,
     pub task: tokio::task::JoinHandle<anyhow::Result<ccm_manager::run::Exit>>,
 }
 
@@ -314,7 +316,7 @@ impl Ccm {
         })
         .await
         .context("the CCM did not start its controllers within 60 s")??;
-        Ok(Ccm { shutdown, task })
+        Ok(Ccm { shutdown, rt, task })
     }
 
     pub async fn stop(self) {

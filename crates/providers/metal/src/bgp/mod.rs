@@ -1,0 +1,329 @@
+//! BGP mode: pod CIDRs announced to the datacenter's routers, next hop = each Node's
+//! InternalIP of the prefix's family (IPv4 and IPv6 over one multiprotocol session per
+//! router), only while ccm-rs leads. The speaker is BIRD 2 as a supervised child
+//! ([`bird`]): ccm-rs writes its config and reloads it; nothing of BGP is implemented here.
+//!
+//! The announced set is the route controller's view of the cloud: `list_routes` reports it,
+//! `create_route`/`delete_route` change it. A term starts with the set computed from the
+//! Nodes (so a new leader announces everything at once, and its first End-of-RIB does not
+//! flush routes the controller has not re-created yet), and ends by killing the daemon
+//! without a withdrawal: with graceful restart the routers keep forwarding on the routes
+//! until the next leader announces them, or until their restart timer ends.
+
+pub mod bird;
+pub mod config;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ccm_cloud::{CloudError, CloudResult, Route};
+use ipnet::IpNet;
+use parking_lot::RwLock;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio_util::sync::CancellationToken;
+
+use crate::routes::Target;
+use bird::Bird;
+use config::BgpSettings;
+
+/// How often the sessions' states are read from the daemon (a local socket, no cloud call).
+const SESSION_POLL: Duration = Duration::from_secs(2);
+
+/// Labels of the per-peer session gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabels {
+    /// The router's address.
+    pub peer: String,
+}
+
+/// Labels of the announced-prefix gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FamilyLabels {
+    /// `IPv4` or `IPv6`.
+    pub family: String,
+}
+
+/// The BGP metrics, shared with the registry.
+#[derive(Clone, Default)]
+pub struct BgpMetrics {
+    /// `ccm_metal_bgp_session_up{peer}`: 1 while the session is Established.
+    pub session_up: Family<PeerLabels, Gauge>,
+    /// `ccm_metal_bgp_announced_prefixes{family}`: pod CIDRs in the announced set.
+    pub announced: Family<FamilyLabels, Gauge>,
+    /// `ccm_metal_bgp_daemon_restarts_total`: unplanned exits of the daemon.
+    pub restarts: Counter,
+}
+
+/// One announced prefix.
+#[derive(Debug, Clone)]
+struct Announced {
+    gateway: IpAddr,
+    target: Target,
+}
+
+/// The speaker's state: the announced set and the daemon.
+pub(crate) struct BgpState {
+    settings: BgpSettings,
+    bird: Bird,
+    announced: RwLock<BTreeMap<IpNet, Announced>>,
+    /// Bumped by each change of `announced`; `applied` is the last one the daemon has.
+    changed: AtomicU64,
+    applied: AtomicU64,
+    apply: tokio::sync::Mutex<()>,
+    /// The current term's token: cancelled when it ends (`None`: not leading).
+    term: RwLock<Option<CancellationToken>>,
+    pub(crate) metrics: BgpMetrics,
+    /// Last state reported per peer, so a Warning is written on change only.
+    reported: parking_lot::Mutex<BTreeMap<usize, String>>,
+}
+
+impl BgpState {
+    pub(crate) fn new(settings: &BgpSettings, netns: Option<PathBuf>) -> Self {
+        BgpState {
+            bird: Bird::new(settings, netns),
+            settings: settings.clone(),
+            announced: RwLock::new(BTreeMap::new()),
+            changed: AtomicU64::new(0),
+            applied: AtomicU64::new(0),
+            apply: tokio::sync::Mutex::new(()),
+            term: RwLock::new(None),
+            metrics: BgpMetrics::default(),
+            reported: parking_lot::Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Starts a term with `initial` announced (from the Nodes), the daemon and the session
+    /// watcher; both end with `shutdown`. `warn` writes a Warning Event (peer, reason, text).
+    pub(crate) async fn start_term(
+        self: &Arc<Self>,
+        initial: Vec<(IpNet, IpAddr, Target)>,
+        shutdown: CancellationToken,
+        warn: Arc<dyn Fn(String, &'static str, String) + Send + Sync>,
+    ) {
+        {
+            let mut a = self.announced.write();
+            a.clear();
+            for (net, gateway, target) in initial {
+                a.insert(net, Announced { gateway, target });
+            }
+        }
+        self.update_gauges();
+        if let Err(e) = self.bird.write_config(&self.next_hops()).await {
+            tracing::error!(error = %e, "metal bgp: cannot write the BIRD config");
+        }
+        self.applied
+            .store(self.changed.load(Ordering::SeqCst), Ordering::SeqCst);
+        *self.term.write() = Some(shutdown.clone());
+        let me = self.clone();
+        let term = shutdown.clone();
+        let restarted = move |why: String| {
+            me.metrics.restarts.inc();
+            tracing::error!(%why, "metal bgp: the BIRD daemon is not running; restarting it");
+        };
+        let me = self.clone();
+        tokio::spawn(async move { me.bird.supervise(term, restarted).await });
+        let me = self.clone();
+        tokio::spawn(async move { me.watch_sessions(shutdown, warn).await });
+    }
+
+    fn next_hops(&self) -> BTreeMap<IpNet, IpAddr> {
+        self.announced
+            .read()
+            .iter()
+            .map(|(n, a)| (*n, a.gateway))
+            .collect()
+    }
+
+    fn update_gauges(&self) {
+        let a = self.announced.read();
+        let v4 = a.keys().filter(|n| matches!(n, IpNet::V4(_))).count() as i64;
+        for (family, n) in [("IPv4", v4), ("IPv6", a.len() as i64 - v4)] {
+            self.metrics
+                .announced
+                .get_or_create(&FamilyLabels {
+                    family: family.into(),
+                })
+                .set(n);
+        }
+    }
+
+    fn leading(&self) -> CloudResult<()> {
+        match &*self.term.read() {
+            Some(t) if !t.is_cancelled() => Ok(()),
+            _ => Err(CloudError::Transient(
+                "not leading: nothing is announced".into(),
+            )),
+        }
+    }
+
+    /// The announced set, as routes that name their Node and its addresses.
+    pub(crate) fn list(&self) -> CloudResult<Vec<Route>> {
+        self.leading()?;
+        Ok(self
+            .announced
+            .read()
+            .iter()
+            .map(|(net, a)| Route {
+                name: net.to_string(),
+                target_node: a.target.node.clone(),
+                enable_node_addresses: true,
+                target_node_addresses: a.target.addresses.clone(),
+                destination_cidr: net.to_string(),
+                blackhole: false,
+            })
+            .collect())
+    }
+
+    /// Announces `net` via `gateway` (replacing its next hop if announced).
+    pub(crate) async fn announce(
+        &self,
+        net: IpNet,
+        gateway: IpAddr,
+        target: Target,
+    ) -> CloudResult<()> {
+        self.leading()?;
+        self.announced
+            .write()
+            .insert(net, Announced { gateway, target });
+        self.commit().await
+    }
+
+    /// Withdraws `net`; not announced is not an error.
+    pub(crate) async fn withdraw(&self, net: IpNet) -> CloudResult<()> {
+        self.leading()?;
+        if self.announced.write().remove(&net).is_none() {
+            return Ok(());
+        }
+        self.commit().await
+    }
+
+    /// Puts the announced set into the daemon. Concurrent changes share one reload: a caller
+    /// whose change an earlier reload already carried returns at once.
+    async fn commit(&self) -> CloudResult<()> {
+        let mine = self.changed.fetch_add(1, Ordering::SeqCst) + 1;
+        self.update_gauges();
+        let _one = self.apply.lock().await;
+        if self.applied.load(Ordering::SeqCst) >= mine {
+            return Ok(());
+        }
+        let upto = self.changed.load(Ordering::SeqCst);
+        self.bird
+            .write_config(&self.next_hops())
+            .await
+            .map_err(|e| CloudError::Transient(format!("writing the BIRD config: {e}")))?;
+        self.bird
+            .configure()
+            .await
+            .map_err(|e| CloudError::Transient(format!("reloading BIRD: {e}")))?;
+        self.applied.store(upto, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Polls the sessions' states into the gauge; a session that leaves Established, or does
+    /// not reach it, gets a Warning naming BIRD's reason (wrong AS, refused, reset, ...).
+    async fn watch_sessions(
+        &self,
+        term: CancellationToken,
+        warn: Arc<dyn Fn(String, &'static str, String) + Send + Sync>,
+    ) {
+        let _ = self.bird.wait_ready(Duration::from_secs(10)).await;
+        let mut tick = tokio::time::interval(SESSION_POLL);
+        loop {
+            tokio::select! {
+                _ = term.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let sessions = match self.bird.sessions().await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metal bgp: cannot read the sessions' states");
+                    continue;
+                }
+            };
+            for s in sessions {
+                let Some(peer) = self.settings.peers.get(s.peer) else {
+                    continue;
+                };
+                let up = s.state == "Established";
+                self.metrics
+                    .session_up
+                    .get_or_create(&PeerLabels {
+                        peer: peer.address.to_string(),
+                    })
+                    .set(i64::from(up));
+                let key = format!("{} {}", s.state, s.info);
+                let before = self.reported.lock().insert(s.peer, key.clone());
+                if before.as_deref() == Some(key.as_str()) {
+                    continue;
+                }
+                if up {
+                    tracing::info!(peer = %peer.address, "metal bgp: session established");
+                } else if !s.info.is_empty() {
+                    let text = format!(
+                        "BGP session to {} (AS {}) is {}: {}",
+                        peer.address, peer.asn, s.state, s.info
+                    );
+                    tracing::warn!("metal bgp: {text}");
+                    warn(peer.address.to_string(), "BGPSessionDown", text);
+                }
+            }
+        }
+        for p in &self.settings.peers {
+            self.metrics
+                .session_up
+                .get_or_create(&PeerLabels {
+                    peer: p.address.to_string(),
+                })
+                .set(0);
+        }
+    }
+}
+
+impl crate::provider::MetalCloud {
+    /// A Warning Event about a BGP session. A session belongs to no Kubernetes object; the
+    /// Event names the leader-election Lease of the CCM (`kube-system/cloud-controller-manager`,
+    /// upstream's default), where an operator looking at the CCM finds it.
+    pub(crate) async fn warn_bgp(&self, peer: &str, reason: &str, message: String) {
+        use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let Some(client) = self.client() else {
+            return;
+        };
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let mut ev = Event {
+            involved_object: ObjectReference {
+                api_version: Some("coordination.k8s.io/v1".into()),
+                kind: Some("Lease".into()),
+                namespace: Some("kube-system".into()),
+                name: Some("cloud-controller-manager".into()),
+                ..Default::default()
+            },
+            reason: Some(reason.into()),
+            message: Some(message),
+            type_: Some("Warning".into()),
+            source: Some(EventSource {
+                component: Some("cloud-provider-metal".into()),
+                ..Default::default()
+            }),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            count: Some(1),
+            ..Default::default()
+        };
+        ev.metadata.generate_name = Some(format!("bgp-{}.", peer.replace([':', '.'], "-")));
+        ev.metadata.namespace = Some("kube-system".into());
+        if let Err(e) = kube::Api::<Event>::namespaced(client, "kube-system")
+            .create(&kube::api::PostParams::default(), &ev)
+            .await
+        {
+            tracing::warn!(error = %e, "metal bgp: cannot write the Warning Event");
+        }
+    }
+}
