@@ -191,6 +191,10 @@ pub struct LbSpec {
     pub attributes: Attributes,
     /// Certificate, TLS policy, backend protocol.
     pub tls: Tls,
+    /// The NLB answers on IPv6 too (`IpAddressType: dualstack`).
+    pub dualstack: bool,
+    /// The NLB's target groups reach the nodes over IPv6.
+    pub ipv6_targets: bool,
     /// `namespace/name`, for the `kubernetes.io/service-name` tag.
     pub service_name: String,
 }
@@ -401,8 +405,13 @@ fn health(ann: &BTreeMap<String, String>, svc: &Service, kind: Kind) -> CloudRes
 }
 
 /// Who may connect, as upstream's `GetLoadBalancerSourceRanges`: the spec's ranges, else the
-/// annotation's, else everyone (`0.0.0.0/0`). Each must be a CIDR: a typo must not widen access.
-fn source_ranges(svc: &Service, ann: &BTreeMap<String, String>) -> CloudResult<Vec<String>> {
+/// annotation's, else everyone (`0.0.0.0/0`, and `::/0` on a dualstack NLB). Each must be a
+/// CIDR: a typo must not widen access.
+fn source_ranges(
+    svc: &Service,
+    ann: &BTreeMap<String, String>,
+    dualstack: bool,
+) -> CloudResult<Vec<String>> {
     let from_spec: Vec<String> = svc
         .spec
         .as_ref()
@@ -418,7 +427,11 @@ fn source_ranges(svc: &Service, ann: &BTreeMap<String, String>) -> CloudResult<V
         (SOURCE_RANGES, list(ann, SOURCE_RANGES))
     };
     if ranges.is_empty() {
-        return Ok(vec!["0.0.0.0/0".to_string()]);
+        let mut all = vec!["0.0.0.0/0".to_string()];
+        if dualstack {
+            all.push("::/0".to_string());
+        }
+        return Ok(all);
     }
     let mut out = Vec::new();
     for r in ranges {
@@ -569,18 +582,68 @@ fn validate(svc: &Service, ann: &BTreeMap<String, String>, kind: Kind) -> CloudR
             }
         }
     }
-    for (key, ok) in [(IP_ADDRESS_TYPE, "ipv4"), (TG_IP_ADDRESS_TYPE, "ipv4")] {
-        if let Some(v) = ann.get(key).map(|v| v.trim())
-            && v != ok
-        {
-            return Err(bad(
-                key,
-                v,
-                "ipv4 (dual-stack load balancers are not implemented)",
-            ));
-        }
+    ip_family_policy(svc, kind)
+}
+
+/// Upstream's `validateIPFamilyPolicy`: RequireDualStack only on an NLB and with both
+/// families; no IPv6-only load balancer.
+fn ip_family_policy(svc: &Service, kind: Kind) -> CloudResult<()> {
+    let spec = svc.spec.as_ref();
+    let families = spec.and_then(|s| s.ip_families.clone()).unwrap_or_default();
+    let has = |f: &str| families.iter().any(|x| x == f);
+    let field = |f: &str, why: &str| Err(CloudError::Permanent(format!("{f}: {why}")));
+    match spec.and_then(|s| s.ip_family_policy.as_deref()) {
+        Some("RequireDualStack") if kind != Kind::Network => field(
+            "spec.ipFamilyPolicy",
+            &format!("RequireDualStack is only supported for NLB (set annotation {TYPE}: nlb)"),
+        ),
+        Some("RequireDualStack") if !(has("IPv4") && has("IPv6")) => field(
+            "spec.ipFamilies",
+            "ipFamilyPolicy RequireDualStack requires both IPv4 and IPv6",
+        ),
+        Some("SingleStack") if families == ["IPv6"] => field(
+            "spec.ipFamilies",
+            "IPv6-only load balancers are not supported by AWS (use ipFamilyPolicy: PreferDualStack with ipFamilies: [IPv6, IPv4])",
+        ),
+        _ => Ok(()),
     }
-    Ok(())
+}
+
+/// The address families of an NLB: `(dualstack, ipv6 targets)`. The ip-address-type
+/// annotations when set, else the Service's families: dualstack when it has IPv6, IPv6 target
+/// groups when IPv6 is its primary family. A Classic ELB is IPv4 only.
+fn address_types(
+    svc: &Service,
+    ann: &BTreeMap<String, String>,
+    kind: Kind,
+) -> CloudResult<(bool, bool)> {
+    if kind != Kind::Network {
+        return Ok((false, false));
+    }
+    let families = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ip_families.clone())
+        .unwrap_or_default();
+    let get = |k: &str| ann.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
+    let dualstack = match get(IP_ADDRESS_TYPE) {
+        None => families.iter().any(|f| f == "IPv6"),
+        Some("ipv4") => false,
+        Some("dualstack") => true,
+        Some(v) => return Err(bad(IP_ADDRESS_TYPE, v, "ipv4 or dualstack")),
+    };
+    let ipv6 = match get(TG_IP_ADDRESS_TYPE) {
+        None => dualstack && families.first().is_some_and(|f| f == "IPv6"),
+        Some("ipv4") => false,
+        Some("ipv6") => true,
+        Some(v) => return Err(bad(TG_IP_ADDRESS_TYPE, v, "ipv4 or ipv6")),
+    };
+    if ipv6 && !dualstack {
+        return Err(CloudError::Permanent(format!(
+            "annotation {TG_IP_ADDRESS_TYPE}: an IPv6 target group needs a dualstack load balancer ({IP_ADDRESS_TYPE}: dualstack)"
+        )));
+    }
+    Ok((dualstack, ipv6))
 }
 
 /// Reads the Service into an [`LbSpec`].
@@ -599,7 +662,8 @@ pub fn parse(svc: &Service) -> CloudResult<LbSpec> {
         ));
     }
     let ports = ports(svc, kind, &ann)?;
-    let source_ranges = source_ranges(svc, &ann)?;
+    let (dualstack, ipv6_targets) = address_types(svc, &ann, kind)?;
+    let source_ranges = source_ranges(svc, &ann, dualstack)?;
     Ok(LbSpec {
         kind,
         internal: internal(&ann)?,
@@ -618,6 +682,8 @@ pub fn parse(svc: &Service) -> CloudResult<LbSpec> {
         tg_attributes: key_values(&ann, TG_ATTRIBUTES),
         attributes: attributes(&ann)?,
         tls: tls(&ann)?,
+        dualstack,
+        ipv6_targets,
         service_name: format!(
             "{}/{}",
             svc.metadata.namespace.as_deref().unwrap_or("default"),
@@ -743,9 +809,14 @@ mod tests {
                 vec![(TYPE, "nlb"), (SECURITY_GROUPS, "sg-1")],
                 SECURITY_GROUPS,
             ),
+            (vec![(IP_ADDRESS_TYPE, "dualstack")], IP_ADDRESS_TYPE),
             (
-                vec![(TYPE, "nlb"), (IP_ADDRESS_TYPE, "dualstack")],
+                vec![(TYPE, "nlb"), (IP_ADDRESS_TYPE, "both")],
                 IP_ADDRESS_TYPE,
+            ),
+            (
+                vec![(TYPE, "nlb"), (TG_IP_ADDRESS_TYPE, "ipv6")],
+                TG_IP_ADDRESS_TYPE,
             ),
         ] {
             let e = parse(&svc(&anns, false)).expect_err(key);
@@ -797,5 +868,75 @@ mod tests {
                 .iter()
                 .any(|p| p.tls)
         );
+    }
+}
+
+#[cfg(test)]
+mod family_tests {
+    use super::*;
+
+    fn svc(ann: &[(&str, &str)], policy: &str, families: &[&str]) -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop",
+                "annotations": ann.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>()},
+            "spec": {"type": "LoadBalancer", "ipFamilyPolicy": policy, "ipFamilies": families,
+                "ports": [{"port": 80, "nodePort": 30080}]},
+        }))
+        .expect("service")
+    }
+
+    #[test]
+    fn families_choose_the_address_types_and_default_ranges() {
+        let nlb = [(TYPE, "nlb")];
+        let s = parse(&svc(&nlb, "SingleStack", &["IPv4"])).expect("ok");
+        assert_eq!((s.dualstack, s.ipv6_targets), (false, false));
+        assert_eq!(s.source_ranges, vec!["0.0.0.0/0"]);
+        let s = parse(&svc(&nlb, "PreferDualStack", &["IPv4", "IPv6"])).expect("ok");
+        assert_eq!((s.dualstack, s.ipv6_targets), (true, false));
+        assert_eq!(s.source_ranges, vec!["0.0.0.0/0", "::/0"]);
+        let s = parse(&svc(&nlb, "RequireDualStack", &["IPv6", "IPv4"])).expect("ok");
+        assert_eq!((s.dualstack, s.ipv6_targets), (true, true));
+        // The annotations win over the families.
+        let ann = [(TYPE, "nlb"), (IP_ADDRESS_TYPE, "ipv4")];
+        let s = parse(&svc(&ann, "PreferDualStack", &["IPv6", "IPv4"])).expect("ok");
+        assert_eq!((s.dualstack, s.ipv6_targets), (false, false));
+        let ann = [
+            (TYPE, "nlb"),
+            (IP_ADDRESS_TYPE, "dualstack"),
+            (TG_IP_ADDRESS_TYPE, "ipv6"),
+        ];
+        let s = parse(&svc(&ann, "SingleStack", &["IPv4"])).expect("ok");
+        assert_eq!((s.dualstack, s.ipv6_targets), (true, true));
+        // A Classic ELB is IPv4 whatever the Service's families.
+        let s = parse(&svc(&[], "PreferDualStack", &["IPv6", "IPv4"])).expect("ok");
+        assert_eq!((s.dualstack, s.ipv6_targets), (false, false));
+    }
+
+    #[test]
+    fn upstreams_family_policy_checks_name_the_field() {
+        for (ann, policy, families, field) in [
+            (
+                vec![],
+                "RequireDualStack",
+                vec!["IPv4", "IPv6"],
+                "spec.ipFamilyPolicy",
+            ),
+            (
+                vec![(TYPE, "nlb")],
+                "RequireDualStack",
+                vec!["IPv4"],
+                "spec.ipFamilies",
+            ),
+            (
+                vec![(TYPE, "nlb")],
+                "SingleStack",
+                vec!["IPv6"],
+                "spec.ipFamilies",
+            ),
+            (vec![], "SingleStack", vec!["IPv6"], "spec.ipFamilies"),
+        ] {
+            let e = parse(&svc(&ann, policy, &families)).expect_err(field);
+            assert!(e.to_string().contains(field), "{e}");
+        }
     }
 }

@@ -17,13 +17,15 @@ use crate::error;
 use crate::lb::resource_tags;
 use crate::sg::{self, Rule};
 
-/// What the ELB's own group admits: each port from each source range, and ICMP
-/// fragmentation-needed from them (path MTU), as upstream.
+/// What the load balancer's own group admits: each port (its protocol: TCP, or UDP on an
+/// NLB) from each source range, and ICMP fragmentation-needed from them (path MTU), as
+/// upstream.
 pub(crate) fn clb_ingress(spec: &LbSpec) -> BTreeSet<Rule> {
     let mut out = BTreeSet::new();
     for c in &spec.source_ranges {
         for p in &spec.ports {
-            out.insert(Rule::cidr("tcp", p.port, p.port, c, None));
+            let proto = p.protocol().to_ascii_lowercase();
+            out.insert(Rule::cidr(&proto, p.port, p.port, c, None));
         }
         out.insert(Rule::mtu(c, None));
     }
@@ -70,7 +72,11 @@ fn ssl_policy_name(policy: &str) -> String {
 /// Upstream's PROXY protocol policy name.
 pub const PROXY_POLICY: &str = "k8s-proxyprotocol-enabled";
 
-/// The security group name upstream gives a Classic ELB.
+/// Tag upstream puts on the security group it creates for an NLB in `NLBSecurityGroupMode =
+/// Managed`.
+pub const NLB_MODE_TAG: &str = "kubernetes.io/cloud-provider-aws/NLBSecurityGroupMode";
+
+/// The security group name upstream gives a Classic ELB (and an NLB's managed group).
 pub fn sg_name(lb: &str) -> String {
     format!("k8s-elb-{lb}")
 }
@@ -131,7 +137,7 @@ impl AwsCloud {
         } else if let Some(g) = &self.inner.cfg.elb_security_group {
             vec![g.clone()]
         } else {
-            vec![self.clb_own_group(cluster, name, vpc, spec).await?]
+            vec![self.own_group(cluster, name, vpc, spec, false).await?]
         };
         for g in &spec.extra_security_groups {
             if !out.contains(g) {
@@ -141,28 +147,45 @@ impl AwsCloud {
         Ok(out)
     }
 
-    /// The ELB's own group (`k8s-elb-<name>`), created if missing, admitting exactly the
-    /// Service's source ranges on its ports plus ICMP fragmentation-needed (path MTU), as
-    /// upstream: whatever else it admits is revoked.
-    async fn clb_own_group(
+    /// The group named `k8s-elb-<name>` in the VPC, if there is one.
+    pub(crate) async fn own_group_find(
+        &self,
+        name: &str,
+        vpc: &str,
+    ) -> CloudResult<Option<aws_sdk_ec2::types::SecurityGroup>> {
+        let ec2 = self.clients().await?.ec2.clone();
+        let found = self
+            .call(
+                "DescribeSecurityGroups",
+                ec2.describe_security_groups()
+                    .filters(
+                        Filter::builder()
+                            .name("group-name")
+                            .values(sg_name(name))
+                            .build(),
+                    )
+                    .filters(Filter::builder().name("vpc-id").values(vpc).build())
+                    .send(),
+            )
+            .await?;
+        Ok(found.security_groups().first().cloned())
+    }
+
+    /// The load balancer's own group (`k8s-elb-<name>`), created if missing (an NLB's tagged
+    /// with upstream's managed-mode tag), admitting exactly the Service's source ranges on its
+    /// ports plus ICMP fragmentation-needed (path MTU), as upstream: whatever else it admits
+    /// is revoked. A group of that name the cluster does not own is refused, never edited.
+    pub(crate) async fn own_group(
         &self,
         cluster: &str,
         name: &str,
         vpc: &str,
         spec: &LbSpec,
+        nlb: bool,
     ) -> CloudResult<String> {
-        let ec2 = self.clients().await?.ec2.clone();
         let group = sg_name(name);
-        let found = self
-            .call(
-                "DescribeSecurityGroups",
-                ec2.describe_security_groups()
-                    .filters(Filter::builder().name("group-name").values(&group).build())
-                    .filters(Filter::builder().name("vpc-id").values(vpc).build())
-                    .send(),
-            )
-            .await?;
-        let (id, have) = match found.security_groups().first() {
+        let found = self.own_group_find(name, vpc).await?;
+        let (id, have) = match found.as_ref() {
             Some(g) => {
                 if !sg::cluster_tagged(g, self.cluster_id(cluster)) {
                     return Err(CloudError::Permanent(format!(
@@ -178,7 +201,7 @@ impl AwsCloud {
                 )
             }
             None => (
-                self.clb_create_group(cluster, name, vpc, spec).await?,
+                self.create_own_group(cluster, name, vpc, spec, nlb).await?,
                 BTreeSet::new(),
             ),
         };
@@ -194,15 +217,19 @@ impl AwsCloud {
         Ok(id)
     }
 
-    async fn clb_create_group(
+    async fn create_own_group(
         &self,
         cluster: &str,
         name: &str,
         vpc: &str,
         spec: &LbSpec,
+        nlb: bool,
     ) -> CloudResult<String> {
         let ec2 = self.clients().await?.ec2.clone();
-        let tags = resource_tags(self, cluster, spec);
+        let mut tags = resource_tags(self, cluster, spec);
+        if nlb {
+            tags.insert(NLB_MODE_TAG.into(), "Managed".into());
+        }
         let out = self
             .call(
                 "CreateSecurityGroup",

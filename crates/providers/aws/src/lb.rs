@@ -278,8 +278,9 @@ impl LoadBalancer for AwsCloud {
     ) -> CloudResult<()> {
         let name = default_load_balancer_name(service);
         self.inner.memory.lock().lb_backends.remove(&name);
-        // Both kinds: the annotation may have changed since the LB was made.
-        self.clb_delete(cluster, &name).await?;
-        self.nlb_delete(cluster, &name).await
+        // Both kinds: the annotation may have changed since the LB was made. The NLB first:
+        // its managed group has the Classic ELB's group name and goes only after the NLB.
+        self.nlb_delete(cluster, &name).await?;
+        self.clb_delete(cluster, &name).await
     }
 }

@@ -6,13 +6,14 @@
 
 use std::collections::BTreeSet;
 
-use aws_sdk_ec2::types::{Filter, IpPermission, IpRange};
+use aws_sdk_ec2::types::Filter;
 
 use crate::sg::{self, Rule};
 use aws_sdk_elasticloadbalancingv2::types::{
-    Action, ActionTypeEnum, Certificate, Listener, LoadBalancerAttribute, LoadBalancerSchemeEnum,
-    LoadBalancerTypeEnum, ProtocolEnum, SubnetMapping, Tag, TargetDescription, TargetGroup,
-    TargetGroupAttribute, TargetTypeEnum,
+    Action, ActionTypeEnum, Certificate, IpAddressType, Listener, LoadBalancerAttribute,
+    LoadBalancerSchemeEnum, LoadBalancerTypeEnum, ProtocolEnum, SubnetMapping, Tag,
+    TargetDescription, TargetGroup, TargetGroupAttribute, TargetGroupIpAddressTypeEnum,
+    TargetTypeEnum,
 };
 use ccm_cloud::{CloudError, CloudResult, Node};
 
@@ -26,6 +27,10 @@ pub(crate) struct Nlb {
     pub arn: String,
     pub dns: String,
     pub vpc: String,
+    /// Its security groups: AWS attaches them only at creation.
+    pub groups: Vec<String>,
+    /// It answers on IPv6 too.
+    pub dualstack: bool,
 }
 
 /// What an NLB update needs to know of the NLB: its VPC and its target groups (ARN, NodePort).
@@ -33,6 +38,8 @@ pub(crate) struct Nlb {
 pub(crate) struct NlbTargets {
     pub vpc: String,
     pub groups: Vec<(String, i32)>,
+    /// The NLB's managed security group, which the node groups admit traffic from.
+    pub source: Option<String>,
 }
 
 /// Description prefix of the client rules upstream puts on node groups for an NLB.
@@ -128,6 +135,20 @@ fn listener_same(l: &Listener, spec: &LbSpec, p: &PortMap) -> bool {
         }
 }
 
+fn ip_type(spec: &LbSpec) -> IpAddressType {
+    match spec.dualstack {
+        true => IpAddressType::Dualstack,
+        false => IpAddressType::Ipv4,
+    }
+}
+
+fn target_ip_type(spec: &LbSpec) -> TargetGroupIpAddressTypeEnum {
+    match spec.ipv6_targets {
+        true => TargetGroupIpAddressTypeEnum::Ipv6,
+        false => TargetGroupIpAddressTypeEnum::Ipv4,
+    }
+}
+
 /// Target-group attributes with a known default, restored when the annotation drops them.
 const TG_DEFAULTS: &[(&str, &str)] = &[
     ("proxy_protocol_v2.enabled", "false"),
@@ -172,6 +193,11 @@ pub fn target_group_name(cluster_id: &str, spec: &LbSpec, p: &PortMap) -> String
     ] {
         h.update(part.as_bytes());
     }
+    // An IPv6 group cannot take the IPv4 one's name (both exist while traffic moves over);
+    // IPv4 groups keep upstream's names.
+    if spec.ipv6_targets {
+        h.update(b"ipv6");
+    }
     let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
     format!("k8s-{}-{}-{}", short(ns), short(name), &hex[..10])
 }
@@ -180,7 +206,12 @@ pub fn target_group_name(cluster_id: &str, spec: &LbSpec, p: &PortMap) -> String
 /// cannot modify (protocol), and what upstream replaces it for (health-check protocol and
 /// interval) — so both make the same decision on the same group.
 fn must_replace(g: &TargetGroup, spec: &LbSpec, p: &PortMap) -> bool {
-    g.protocol() != Some(&ProtocolEnum::from(target_proto(spec, p)))
+    let ip = g
+        .ip_address_type()
+        .cloned()
+        .unwrap_or(TargetGroupIpAddressTypeEnum::Ipv4);
+    ip != target_ip_type(spec)
+        || g.protocol() != Some(&ProtocolEnum::from(target_proto(spec, p)))
         || !g
             .health_check_protocol()
             .is_some_and(|p| p.as_str().eq_ignore_ascii_case(&spec.health.protocol))
@@ -249,6 +280,8 @@ impl AwsCloud {
                     arn: lb.load_balancer_arn().unwrap_or_default().to_string(),
                     dns: lb.dns_name().unwrap_or_default().to_string(),
                     vpc: lb.vpc_id().unwrap_or_default().to_string(),
+                    groups: lb.security_groups().to_vec(),
+                    dualstack: lb.ip_address_type() == Some(&IpAddressType::Dualstack),
                 })),
             Err(e) if error::code(&e) == Some("LoadBalancerNotFound") => Ok(None),
             Err(e) => Err(error::map("DescribeLoadBalancers", e)),
@@ -261,6 +294,7 @@ impl AwsCloud {
         name: &str,
         vpc: &str,
         spec: &LbSpec,
+        group: Option<&str>,
     ) -> CloudResult<Nlb> {
         let elbv2 = self.clients().await?.elbv2.clone();
         let subnets = self.lb_subnets(cluster, vpc, spec).await?;
@@ -282,6 +316,8 @@ impl AwsCloud {
                     .r#type(LoadBalancerTypeEnum::Network)
                     .scheme(scheme)
                     .set_subnet_mappings(Some(subnet_mappings(spec, subnets)?))
+                    .set_security_groups(group.map(|g| vec![g.to_string()]))
+                    .ip_address_type(ip_type(spec))
                     .set_tags(Some(tags))
                     .send(),
             )
@@ -295,6 +331,8 @@ impl AwsCloud {
             arn: lb.load_balancer_arn().unwrap_or_default().to_string(),
             dns: lb.dns_name().unwrap_or_default().to_string(),
             vpc: vpc.to_string(),
+            groups: lb.security_groups().to_vec(),
+            dualstack: spec.dualstack,
         })
     }
 
@@ -338,6 +376,7 @@ impl AwsCloud {
             .port(p.node_port)
             .vpc_id(vpc)
             .target_type(TargetTypeEnum::Instance)
+            .ip_address_type(target_ip_type(spec))
             .health_check_protocol(ProtocolEnum::from(h.protocol.as_str()))
             .health_check_port(h.port.clone())
             .health_check_interval_seconds(h.interval)
@@ -722,7 +761,8 @@ impl AwsCloud {
         .map(|_| ())
     }
 
-    async fn vpc_cidrs(&self, vpc: &str) -> CloudResult<Vec<String>> {
+    /// The VPC's CIDRs, where health checks come from: IPv4, and IPv6 too for IPv6 targets.
+    async fn vpc_cidrs(&self, vpc: &str, ipv6: bool) -> CloudResult<Vec<String>> {
         let ec2 = self.clients().await?.ec2.clone();
         let out = self
             .call("DescribeVpcs", ec2.describe_vpcs().vpc_ids(vpc).send())
@@ -735,17 +775,26 @@ impl AwsCloud {
                     .iter()
                     .filter_map(|a| a.cidr_block().map(String::from))
                     .chain(v.cidr_block().map(String::from))
+                    .chain(
+                        v.ipv6_cidr_block_association_set()
+                            .iter()
+                            .filter(|_| ipv6)
+                            .filter_map(|a| a.ipv6_cidr_block().map(String::from)),
+                    )
             })
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect())
     }
 
-    /// The NLB's client and health rules (and the MTU rules they imply) on exactly the node
-    /// groups of `ids`, revoked from the cluster's other groups, as upstream's
-    /// `updateInstanceSecurityGroupsForNLB`; rules of other load balancers and the operator's
-    /// are never touched. `spec: None` revokes them all. Unless `force`, nothing is asked of AWS
-    /// when the node groups are those the last call left.
+    /// The NLB's rules on exactly the node groups of `ids`, revoked from the cluster's other
+    /// groups: with a managed `source` group, all traffic from it (as for a Classic ELB);
+    /// without, the client and health rules by CIDR (and the MTU rules they imply), as
+    /// upstream's `updateInstanceSecurityGroupsForNLB`. Rules of other load balancers and the
+    /// operator's are never touched. `spec: None` revokes them all. New rules are granted
+    /// before stale ones are revoked, so traffic the NLB still sends is never cut. Unless
+    /// `force`, nothing is asked of AWS when the node groups are those the last call left.
+    #[allow(clippy::too_many_arguments)]
     async fn nlb_sync_rules(
         &self,
         cluster: &str,
@@ -754,6 +803,7 @@ impl AwsCloud {
         spec: Option<&LbSpec>,
         ids: &BTreeSet<String>,
         force: bool,
+        source: Option<&str>,
     ) -> CloudResult<()> {
         if self.inner.cfg.disable_security_group_ingress {
             return Ok(());
@@ -774,23 +824,42 @@ impl AwsCloud {
         if !force && want_groups == remembered {
             return Ok(());
         }
-        let want_rules: BTreeSet<Rule> = match spec {
-            Some(s) => node_rules(name, s, &self.vpc_cidrs(vpc).await?)
+        let from_group = source.map(|g| sg::Source::Group(g.to_string()));
+        let want_rules: BTreeSet<Rule> = match (spec, &from_group) {
+            (Some(_), Some(g)) => [Rule {
+                proto: "-1".into(),
+                from: -1,
+                to: -1,
+                source: g.clone(),
+                desc: None,
+            }]
+            .into(),
+            (Some(s), None) => node_rules(name, s, &self.vpc_cidrs(vpc, s.ipv6_targets).await?)
                 .into_iter()
                 .map(|(port, cidr, desc)| {
                     Rule::cidr(&s.client_protocol(), port, port, &cidr, Some(&desc))
                 })
                 .collect(),
-            None => BTreeSet::new(),
+            (None, _) => BTreeSet::new(),
         };
         let descs = [
             format!("{CLIENT_RULE}{name}"),
             format!("{HEALTH_RULE}{name}"),
         ];
-        let ours = |r: &Rule| r.desc.as_ref().is_some_and(|d| descs.contains(d));
+        let ours = |r: &Rule| {
+            r.desc.as_ref().is_some_and(|d| descs.contains(d))
+                || from_group.as_ref() == Some(&r.source)
+        };
         let groups = self.cluster_groups(cluster).await?;
         for (id, g) in &groups {
-            let have = sg::rules_of(g);
+            // A rule from the NLB's group is told apart by its source, whatever its text.
+            let have: BTreeSet<Rule> = sg::rules_of(g)
+                .into_iter()
+                .map(|r| match from_group.as_ref() == Some(&r.source) {
+                    true => Rule { desc: None, ..r },
+                    false => r,
+                })
+                .collect();
             let wanted = if want_groups.contains(id) {
                 want_rules.clone()
             } else {
@@ -806,6 +875,12 @@ impl AwsCloud {
             });
             p.grant.extend(mtu.grant);
             p.revoke.extend(mtu.revoke);
+            let revoke = std::mem::take(&mut p.revoke);
+            self.apply_plan(id, &p).await?;
+            let p = sg::Plan {
+                grant: Vec::new(),
+                revoke,
+            };
             self.apply_plan(id, &p).await?;
         }
         let mut mem = self.inner.memory.lock();
@@ -824,21 +899,10 @@ impl AwsCloud {
         ];
         let in_vpc = Filter::builder().name("vpc-id").values(vpc).build();
         self.revoke_matching(in_vpc, |p| {
-            p.ip_ranges()
-                .iter()
-                .filter(|r| r.description().is_some_and(|d| ours.iter().any(|o| o == d)))
-                .map(|r| {
-                    IpPermission::builder()
-                        .set_ip_protocol(p.ip_protocol().map(String::from))
-                        .set_from_port(p.from_port())
-                        .set_to_port(p.to_port())
-                        .ip_ranges(
-                            IpRange::builder()
-                                .set_cidr_ip(r.cidr_ip().map(String::from))
-                                .build(),
-                        )
-                        .build()
-                })
+            sg::flatten(p)
+                .into_iter()
+                .filter(|r| r.desc.as_ref().is_some_and(|d| ours.contains(d)))
+                .map(|r| Rule { desc: None, ..r }.permission())
                 .collect()
         })
         .await?;
@@ -856,16 +920,41 @@ impl AwsCloud {
     ) -> CloudResult<String> {
         let ids = self.node_instance_ids(nodes).await?;
         let vpc = self.vpc(&ids).await?;
-        let (lb, fresh) = match self.nlb_find(name).await? {
+        let existing = self.nlb_find(name).await?;
+        let source = self
+            .nlb_group(cluster, name, &vpc, spec, existing.as_ref())
+            .await?;
+        let (lb, fresh) = match existing {
             Some(lb) => (lb, false),
-            None => (self.nlb_create(cluster, name, &vpc, spec).await?, true),
+            None => {
+                let lb = self
+                    .nlb_create(cluster, name, &vpc, spec, source.as_deref())
+                    .await?;
+                (lb, true)
+            }
         };
+        // IPv6 target groups need a dualstack NLB, and an NLB goes back to IPv4 only once
+        // none is left: the address type changes before the listeners or after them.
+        if spec.dualstack && !lb.dualstack {
+            self.nlb_set_ip_type(&lb.arn, spec).await?;
+        }
         let groups = self
             .nlb_sync_listeners(cluster, &lb, spec, &ids, fresh)
             .await?;
+        if !spec.dualstack && lb.dualstack {
+            self.nlb_set_ip_type(&lb.arn, spec).await?;
+        }
         self.nlb_attributes(&lb.arn, spec).await?;
-        self.nlb_sync_rules(cluster, name, &lb.vpc, Some(spec), &ids, true)
-            .await?;
+        self.nlb_sync_rules(
+            cluster,
+            name,
+            &lb.vpc,
+            Some(spec),
+            &ids,
+            true,
+            source.as_deref(),
+        )
+        .await?;
         if lb.dns.is_empty() {
             return Err(CloudError::retry_after(
                 std::time::Duration::from_secs(5),
@@ -875,6 +964,7 @@ impl AwsCloud {
         let known = NlbTargets {
             vpc: lb.vpc,
             groups,
+            source,
         };
         self.inner
             .memory
@@ -887,7 +977,7 @@ impl AwsCloud {
     /// The NLB's VPC and target groups with their ports (a target group's port is the
     /// NodePort its targets listen on), as the last ensure or update left them, else from AWS
     /// (two calls). Needs nothing of the Service: it works while its annotations are refused.
-    async fn nlb_targets(&self, name: &str) -> CloudResult<NlbTargets> {
+    async fn nlb_targets(&self, cluster: &str, name: &str) -> CloudResult<NlbTargets> {
         if let Some(known) = self.inner.memory.lock().nlbs.get(name) {
             return Ok(known.clone());
         }
@@ -929,9 +1019,11 @@ impl AwsCloud {
             .filter_map(|t| Some((t.target_group_arn()?.to_string(), t.port()?)))
             .collect()
         };
+        let source = self.nlb_own_group_id(cluster, name, &lb).await?;
         Ok(NlbTargets {
             vpc: lb.vpc,
             groups,
+            source,
         })
     }
 
@@ -944,7 +1036,7 @@ impl AwsCloud {
         spec: Option<&LbSpec>,
         nodes: &[Node],
     ) -> CloudResult<()> {
-        let known = self.nlb_targets(name).await?;
+        let known = self.nlb_targets(cluster, name).await?;
         let ids = self.node_instance_ids(nodes).await?;
         let mut out = Ok(());
         for (arn, port) in &known.groups {
@@ -957,7 +1049,15 @@ impl AwsCloud {
             && let Some(spec) = spec
         {
             out = self
-                .nlb_sync_rules(cluster, name, &known.vpc, Some(spec), &ids, false)
+                .nlb_sync_rules(
+                    cluster,
+                    name,
+                    &known.vpc,
+                    Some(spec),
+                    &ids,
+                    false,
+                    known.source.as_deref(),
+                )
                 .await;
         }
         // A failure may mean the NLB changed behind our back: ask AWS again next time.
@@ -972,11 +1072,21 @@ impl AwsCloud {
     pub(crate) async fn nlb_delete(&self, cluster: &str, name: &str) -> CloudResult<()> {
         self.inner.memory.lock().nlbs.remove(name);
         let Some(lb) = self.nlb_find(name).await? else {
-            return Ok(());
+            // A managed group a delete that stopped half-way left behind.
+            return self.nlb_delete_group(cluster, name, None).await;
         };
         let elbv2 = self.clients().await?.elbv2.clone();
-        self.nlb_sync_rules(cluster, name, &lb.vpc, None, &BTreeSet::new(), true)
-            .await?;
+        let source = self.nlb_own_group_id(cluster, name, &lb).await?;
+        self.nlb_sync_rules(
+            cluster,
+            name,
+            &lb.vpc,
+            None,
+            &BTreeSet::new(),
+            true,
+            source.as_deref(),
+        )
+        .await?;
         // Rules an older version left on groups not tagged for the cluster: ours, by name.
         self.nlb_revoke_rules(name, &lb.vpc).await?;
         let groups: Vec<String> = self
@@ -1015,6 +1125,129 @@ impl AwsCloud {
                 elbv2.delete_target_group().target_group_arn(arn).send(),
             )
             .await?;
+        }
+        self.nlb_delete_group(cluster, name, source.as_deref())
+            .await
+    }
+
+    async fn nlb_set_ip_type(&self, arn: &str, spec: &LbSpec) -> CloudResult<()> {
+        let elbv2 = self.clients().await?.elbv2.clone();
+        self.call(
+            "SetIpAddressType",
+            elbv2
+                .set_ip_address_type()
+                .load_balancer_arn(arn)
+                .ip_address_type(ip_type(spec))
+                .send(),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// The NLB's managed security group (upstream's `NLBSecurityGroupMode = Managed`), its
+    /// ingress reconciled (see [`AwsCloud::own_group`]): made for a new NLB in managed mode;
+    /// for an existing NLB, its own group when AWS shows it attached (kept up to date even if
+    /// the mode was turned off since: stale rules must go). AWS attaches groups to an NLB only
+    /// at its creation, so an NLB made without one keeps the node rules by CIDR, as upstream.
+    async fn nlb_group(
+        &self,
+        cluster: &str,
+        name: &str,
+        vpc: &str,
+        spec: &LbSpec,
+        existing: Option<&Nlb>,
+    ) -> CloudResult<Option<String>> {
+        use crate::config::NlbSecurityGroupMode;
+        let managed = self.inner.cfg.nlb_security_group_mode == Some(NlbSecurityGroupMode::Managed);
+        let Some(lb) = existing else {
+            return match managed {
+                true => Ok(Some(self.own_group(cluster, name, vpc, spec, true).await?)),
+                false => Ok(None),
+            };
+        };
+        match self.nlb_own_group_id(cluster, name, lb).await? {
+            Some(_) => Ok(Some(
+                self.own_group(cluster, name, &lb.vpc, spec, true).await?,
+            )),
+            None => {
+                if managed && lb.groups.is_empty() {
+                    tracing::info!(lb = %name, "NLB created without a security group; AWS cannot add one: the nodes keep admitting its traffic by CIDR until the Service is re-created");
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// The NLB's own group (`k8s-elb-<name>`, tagged for the cluster) if AWS shows it attached
+    /// to the NLB; groups of another owner are never ours.
+    async fn nlb_own_group_id(
+        &self,
+        cluster: &str,
+        name: &str,
+        lb: &Nlb,
+    ) -> CloudResult<Option<String>> {
+        if lb.groups.is_empty() {
+            return Ok(None);
+        }
+        let Some(g) = self.own_group_find(name, &lb.vpc).await? else {
+            return Ok(None);
+        };
+        let id = g.group_id().unwrap_or_default();
+        let attached = lb.groups.iter().any(|x| x == id);
+        Ok((attached && sg::cluster_tagged(&g, self.cluster_id(cluster))).then(|| id.to_string()))
+    }
+
+    /// Deletes the NLB's managed group once the NLB is gone: `known` (the group the NLB had),
+    /// or one named `k8s-elb-<name>` carrying the managed-mode tag; only if tagged for the
+    /// cluster. Rules admitting it go first (AWS refuses to delete a referenced group); while
+    /// the NLB's network interfaces linger, AWS answers DependencyViolation: retried later.
+    async fn nlb_delete_group(
+        &self,
+        cluster: &str,
+        name: &str,
+        known: Option<&str>,
+    ) -> CloudResult<()> {
+        let ec2 = self.clients().await?.ec2.clone();
+        let found = self
+            .call(
+                "DescribeSecurityGroups",
+                ec2.describe_security_groups()
+                    .filters(
+                        Filter::builder()
+                            .name("group-name")
+                            .values(crate::clb::sg_name(name))
+                            .build(),
+                    )
+                    .send(),
+            )
+            .await?;
+        for g in found.security_groups() {
+            let Some(id) = g.group_id() else { continue };
+            let managed = g
+                .tags()
+                .iter()
+                .any(|t| t.key() == Some(crate::clb::NLB_MODE_TAG));
+            if !(known == Some(id) || managed) || !sg::cluster_tagged(g, self.cluster_id(cluster)) {
+                continue;
+            }
+            self.revoke_from(id).await?;
+            match self
+                .call_raw(
+                    "DeleteSecurityGroup",
+                    ec2.delete_security_group().group_id(id).send(),
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if error::code(&e) == Some("DependencyViolation") => {
+                    return Err(CloudError::retry_after(
+                        std::time::Duration::from_secs(10),
+                        format!("security group {id} of NLB {name} is still in use; retrying"),
+                    ));
+                }
+                Err(e) if error::code(&e) == Some("InvalidGroup.NotFound") => {}
+                Err(e) => return Err(error::map("DeleteSecurityGroup", e)),
+            }
         }
         Ok(())
     }

@@ -53,6 +53,10 @@ fn flat(p: &IpPermission) -> Vec<String> {
         let d = r.description().map(|d| format!(" {d}")).unwrap_or_default();
         out.push(format!("{head} {}{d}", r.cidr_ip().unwrap_or_default()));
     }
+    for r in p.ipv6_ranges() {
+        let d = r.description().map(|d| format!(" {d}")).unwrap_or_default();
+        out.push(format!("{head} {}{d}", r.cidr_ipv6().unwrap_or_default()));
+    }
     for u in p.user_id_group_pairs() {
         out.push(format!("{head} {}", u.group_id().unwrap_or_default()));
     }
@@ -129,7 +133,7 @@ async fn setup(region: &str, tweak: impl FnOnce(&mut AwsConfig)) -> anyhow::Resu
     let mut cfg = cloud_config(&world.url);
     tweak(&mut cfg);
     let aws = AwsCloud::with_sdk_config(cfg, sdk_config(region).await);
-    let mut cluster = Cluster::start().await?;
+    let mut cluster = Cluster::start_dual_stack().await?;
     cluster.start_ccm(aws, &[]).await?;
     for i in 0..2 {
         let (_, dns) = launch(&world, &corp, i).await?;
@@ -485,6 +489,378 @@ async fn an_invalid_annotation_never_stops_the_backends_following_the_nodes() ->
                 Ok(())
             } else {
                 Err(format!("CLB {instances} instances, NLB {targets} targets"))
+            })
+        },
+    )
+    .await?;
+    cluster.stop_ccm().await
+}
+
+/// The NLB's security groups as AWS shows them.
+async fn nlb_groups(world: &AwsWorld, lb: &str) -> anyhow::Result<Vec<String>> {
+    let d = world
+        .elbv2
+        .describe_load_balancers()
+        .names(lb)
+        .send()
+        .await?;
+    Ok(d.load_balancers()[0].security_groups().to_vec())
+}
+
+/// Security groups named `name` in the world's VPC, with their tags as `key=value`.
+async fn groups_named(world: &AwsWorld, name: &str) -> anyhow::Result<Vec<BTreeSet<String>>> {
+    let out = world
+        .ec2
+        .describe_security_groups()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("group-name")
+                .values(name)
+                .build(),
+        )
+        .send()
+        .await?;
+    Ok(out
+        .security_groups()
+        .iter()
+        .map(|g| {
+            g.tags()
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{}={}",
+                        t.key().unwrap_or_default(),
+                        t.value().unwrap_or_default()
+                    )
+                })
+                .collect()
+        })
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_nlb_group_admits_exactly_the_source_ranges_and_goes_with_the_service()
+-> anyhow::Result<()> {
+    use ccm_provider_aws::config::NlbSecurityGroupMode;
+    let Setup {
+        world,
+        mut cluster,
+        corp,
+        corp_before,
+    } = setup("eu-west-3", |c| {
+        c.nlb_security_group_mode = Some(NlbSecurityGroupMode::Managed)
+    })
+    .await?;
+    let office = "203.0.113.0/24";
+    create(&cluster, "api", json!({NLB: "nlb"}), &[80, 443], &[office]).await?;
+    let svc = ready(&cluster, "api").await?;
+    let lb = ccm_cloud::default_load_balancer_name(&svc);
+    let groups = nlb_groups(&world, &lb).await?;
+    assert_eq!(groups.len(), 1, "one managed group on the NLB: {groups:?}");
+    let sg = groups[0].clone();
+    let tags = groups_named(&world, &format!("k8s-elb-{lb}")).await?;
+    assert_eq!(tags.len(), 1, "{tags:?}");
+    for t in [
+        format!("kubernetes.io/cluster/{}=owned", common::CLUSTER),
+        "kubernetes.io/cloud-provider-aws/NLBSecurityGroupMode=Managed".to_string(),
+        "kubernetes.io/service-name=default/api".to_string(),
+    ] {
+        assert!(tags[0].contains(&t), "{t} missing: {:?}", tags[0]);
+    }
+    // The NLB's group: the listener ports and path MTU from the ranges; the nodes admit the
+    // NLB's group, not client CIDRs.
+    rules_become(
+        &world,
+        &sg,
+        set(&[
+            format!("tcp 80-80 {office}"),
+            format!("tcp 443-443 {office}"),
+            format!("icmp 3-4 {office}"),
+        ]),
+    )
+    .await?;
+    rules_become(&world, &world.node_sg, set(&[format!("-1 -1--1 {sg}")])).await?;
+
+    // Narrower ranges and one port fewer: the old rules go.
+    let narrow = "203.0.113.128/25";
+    patch(
+        &cluster,
+        "api",
+        json!({"spec": {"loadBalancerSourceRanges": [narrow],
+            "ports": [{"name": "p80", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}}),
+    )
+    .await?;
+    rules_become(
+        &world,
+        &sg,
+        set(&[format!("tcp 80-80 {narrow}"), format!("icmp 3-4 {narrow}")]),
+    )
+    .await?;
+    rules_become(&world, &world.node_sg, set(&[format!("-1 -1--1 {sg}")])).await?;
+
+    gone(&cluster, "api").await?;
+    rules_become(&world, &world.node_sg, BTreeSet::new()).await?;
+    wait_for(
+        "the managed group deleted",
+        Duration::from_secs(60),
+        || async {
+            let left = groups_named(&world, &format!("k8s-elb-{lb}")).await?;
+            Ok(if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            })
+        },
+    )
+    .await?;
+    let tgs = world.elbv2.describe_target_groups().send().await?;
+    assert!(tgs.target_groups().is_empty(), "target groups left");
+    assert_eq!(
+        rules(&world, &corp).await?,
+        corp_before,
+        "corp group edited"
+    );
+    cluster.stop_ccm().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_nlb_made_without_a_group_keeps_cidr_rules_when_managed_mode_comes() -> anyhow::Result<()>
+{
+    use ccm_provider_aws::config::NlbSecurityGroupMode;
+    let Setup {
+        world, mut cluster, ..
+    } = setup("ap-southeast-1", |_| {}).await?;
+    let office = "203.0.113.0/24";
+    create(&cluster, "api", json!({NLB: "nlb"}), &[80], &[office]).await?;
+    let svc = ready(&cluster, "api").await?;
+    let lb = ccm_cloud::default_load_balancer_name(&svc);
+    let np = node_port(&svc, 80);
+    let client = format!("tcp {np}-{np} {office} kubernetes.io/rule/nlb/client={lb}");
+    rules_become(
+        &world,
+        &world.node_sg,
+        set(&[
+            client.clone(),
+            format!("tcp {np}-{np} 10.0.0.0/16 kubernetes.io/rule/nlb/health={lb}"),
+            format!("icmp 3-4 {office} kubernetes.io/rule/nlb/mtu"),
+        ]),
+    )
+    .await?;
+    // The mode turned on: AWS cannot add a group to this NLB, so its node rules stay by CIDR
+    // and still follow the Service.
+    cluster.stop_ccm().await?;
+    let mut cfg = cloud_config(&world.url);
+    cfg.nlb_security_group_mode = Some(NlbSecurityGroupMode::Managed);
+    let aws = AwsCloud::with_sdk_config(cfg, sdk_config("ap-southeast-1").await);
+    cluster.start_ccm(aws, &[]).await?;
+    let narrow = "203.0.113.128/25";
+    patch(
+        &cluster,
+        "api",
+        json!({"spec": {"loadBalancerSourceRanges": [narrow]}}),
+    )
+    .await?;
+    rules_become(
+        &world,
+        &world.node_sg,
+        set(&[
+            format!("tcp {np}-{np} {narrow} kubernetes.io/rule/nlb/client={lb}"),
+            format!("tcp {np}-{np} 10.0.0.0/16 kubernetes.io/rule/nlb/health={lb}"),
+            format!("icmp 3-4 {narrow} kubernetes.io/rule/nlb/mtu"),
+        ]),
+    )
+    .await?;
+    assert!(nlb_groups(&world, &lb).await?.is_empty());
+    assert!(
+        groups_named(&world, &format!("k8s-elb-{lb}"))
+            .await?
+            .is_empty()
+    );
+    gone(&cluster, "api").await?;
+    rules_become(&world, &world.node_sg, BTreeSet::new()).await?;
+    cluster.stop_ccm().await
+}
+
+/// The NLB's address type, and its listeners' target groups (by ARN) with their address type
+/// and target count. (Read through the listeners: moto does not link a group a listener was
+/// modified to forward to with the NLB.)
+async fn address_types(
+    world: &AwsWorld,
+    lb: &str,
+) -> anyhow::Result<(String, Vec<(String, String)>)> {
+    let d = world
+        .elbv2
+        .describe_load_balancers()
+        .names(lb)
+        .send()
+        .await?;
+    let lb = &d.load_balancers()[0];
+    let ip = lb
+        .ip_address_type()
+        .map(|t| t.as_str().to_string())
+        .unwrap_or_default();
+    let listeners = world
+        .elbv2
+        .describe_listeners()
+        .load_balancer_arn(lb.load_balancer_arn().unwrap_or_default())
+        .send()
+        .await?;
+    let arns: Vec<String> = listeners
+        .listeners()
+        .iter()
+        .flat_map(|l| {
+            l.default_actions()
+                .iter()
+                .filter_map(|a| a.target_group_arn())
+        })
+        .map(String::from)
+        .collect();
+    let tgs = world
+        .elbv2
+        .describe_target_groups()
+        .set_target_group_arns(Some(arns))
+        .send()
+        .await?;
+    let mut out = Vec::new();
+    for g in tgs.target_groups() {
+        let arn = g.target_group_arn().unwrap_or_default().to_string();
+        let targets = world
+            .elbv2
+            .describe_target_health()
+            .target_group_arn(&arn)
+            .send()
+            .await?
+            .target_health_descriptions()
+            .len();
+        let ip = g.ip_address_type().map(|t| t.as_str()).unwrap_or("ipv4");
+        out.push((arn, format!("{ip} targets={targets}")));
+    }
+    Ok((ip, out))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dualstack_nlb_admits_ipv6_ranges_and_follows_its_address_types() -> anyhow::Result<()> {
+    let Setup {
+        world,
+        mut cluster,
+        corp,
+        corp_before,
+    } = setup("me-south-1", |_| {}).await?;
+    let v6 = world
+        .ec2
+        .associate_vpc_cidr_block()
+        .vpc_id(&world.vpc)
+        .amazon_provided_ipv6_cidr_block(true)
+        .send()
+        .await?
+        .ipv6_cidr_block_association
+        .and_then(|a| a.ipv6_cidr_block)
+        .ok_or_else(|| anyhow::anyhow!("no IPv6 block for the VPC"))?;
+    let ip = "service.beta.kubernetes.io/aws-load-balancer-ip-address-type";
+    let (office, office6) = ("203.0.113.0/24", "2001:db8::/32");
+    // IPv6 first: a dualstack NLB with IPv6 target groups.
+    let api: Api<Service> = Api::namespaced(cluster.client.clone(), "default");
+    let svc: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "api", "namespace": "default", "annotations": {NLB: "nlb"}},
+        "spec": {"type": "LoadBalancer", "selector": {"app": "api"},
+            "ipFamilyPolicy": "PreferDualStack", "ipFamilies": ["IPv6", "IPv4"],
+            "loadBalancerSourceRanges": [office, office6],
+            "ports": [{"name": "p80", "port": 80, "targetPort": 8080, "protocol": "TCP"}]},
+    }))?;
+    api.create(&PostParams::default(), &svc).await?;
+    let svc = ready(&cluster, "api").await?;
+    let lb = ccm_cloud::default_load_balancer_name(&svc);
+    let np = node_port(&svc, 80);
+    let (lb_ip, groups) = address_types(&world, &lb).await?;
+    assert_eq!(lb_ip, "dualstack");
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    assert_eq!(groups[0].1, "ipv6 targets=2");
+    let client = format!("kubernetes.io/rule/nlb/client={lb}");
+    let health = format!("kubernetes.io/rule/nlb/health={lb}");
+    let mtu = "kubernetes.io/rule/nlb/mtu";
+    rules_become(
+        &world,
+        &world.node_sg,
+        set(&[
+            format!("tcp {np}-{np} {office} {client}"),
+            format!("tcp {np}-{np} {office6} {client}"),
+            format!("tcp {np}-{np} 10.0.0.0/16 {health}"),
+            format!("tcp {np}-{np} {v6} {health}"),
+            format!("icmp 3-4 {office} {mtu}"),
+            format!("58 2-0 {office6} {mtu}"),
+        ]),
+    )
+    .await?;
+
+    // The annotation wins over the families: back to IPv4, a new IPv4 target group with its
+    // targets, the IPv6 one gone, the NLB IPv4 only; health checks no longer come over IPv6.
+    patch(
+        &cluster,
+        "api",
+        json!({"metadata": {"annotations": {ip: "ipv4"}}}),
+    )
+    .await?;
+    wait_for("an IPv4 NLB", Duration::from_secs(60), || async {
+        let now = address_types(&world, &lb).await?;
+        // The region is this test's: every target group in it is this NLB's.
+        let all = world.elbv2.describe_target_groups().send().await?;
+        let want = ("ipv4".to_string(), vec!["ipv4 targets=2".to_string()], 1);
+        let have = (
+            now.0.clone(),
+            now.1.iter().map(|g| g.1.clone()).collect(),
+            all.target_groups().len(),
+        );
+        Ok(if have == want {
+            Ok(())
+        } else {
+            Err(format!("{now:?}"))
+        })
+    })
+    .await?;
+    rules_become(
+        &world,
+        &world.node_sg,
+        set(&[
+            format!("tcp {np}-{np} {office} {client}"),
+            format!("tcp {np}-{np} {office6} {client}"),
+            format!("tcp {np}-{np} 10.0.0.0/16 {health}"),
+            format!("icmp 3-4 {office} {mtu}"),
+            format!("58 2-0 {office6} {mtu}"),
+        ]),
+    )
+    .await?;
+    gone(&cluster, "api").await?;
+    rules_become(&world, &world.node_sg, BTreeSet::new()).await?;
+    assert_eq!(
+        rules(&world, &corp).await?,
+        corp_before,
+        "corp group edited"
+    );
+    cluster.stop_ccm().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_family_policy_is_a_warning_naming_the_field() -> anyhow::Result<()> {
+    let Setup { mut cluster, .. } = setup("eu-south-1", |_| {}).await?;
+    let api: Api<Service> = Api::namespaced(cluster.client.clone(), "default");
+    let svc: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
+            "ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv4", "IPv6"],
+            "ports": [{"name": "p80", "port": 80, "targetPort": 8080, "protocol": "TCP"}]},
+    }))?;
+    api.create(&PostParams::default(), &svc).await?;
+    wait_for(
+        "a Warning naming spec.ipFamilyPolicy",
+        Duration::from_secs(60),
+        || async {
+            let n = warnings(&cluster, "spec.ipFamilyPolicy").await?;
+            Ok(if n > 0 {
+                Ok(())
+            } else {
+                Err("none".to_string())
             })
         },
     )

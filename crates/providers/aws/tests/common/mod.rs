@@ -301,7 +301,19 @@ struct RunArgs {
 
 impl Cluster {
     pub async fn start() -> anyhow::Result<Cluster> {
-        let kube = KubeSim::start(ccm_kube_sim::Config::default()).await?;
+        Cluster::start_with(ccm_kube_sim::Config::default()).await
+    }
+
+    /// A cluster whose Services may have both families (IPv4 first).
+    #[allow(dead_code)]
+    pub async fn start_dual_stack() -> anyhow::Result<Cluster> {
+        let mut cfg = ccm_kube_sim::Config::default();
+        cfg.service_cidrs.push("fd00:96::/108".parse()?);
+        Cluster::start_with(cfg).await
+    }
+
+    async fn start_with(cfg: ccm_kube_sim::Config) -> anyhow::Result<Cluster> {
+        let kube = KubeSim::start(cfg).await?;
         let client = kube.client()?;
         let dir = std::env::temp_dir().join(format!(
             "ccm-aws-test-{}-{}",
