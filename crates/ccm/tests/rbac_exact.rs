@@ -289,7 +289,6 @@ fn has_taint(n: &Node, key: &str) -> bool {
         .is_some_and(|t| t.iter().any(|t| t.key == key))
 }
 
-
 type Grant = (String, String, String, String);
 
 /// Expands `rules` into (account, verb, group, resource) for `account`.
@@ -498,7 +497,10 @@ async fn load_balancer(w: &World, kube_vip: bool) {
         .create(&PostParams::default(), &lb_service("web", &[80], json!({})))
         .await
         .expect("create svc");
-    wait_for("ingress", || async { !w.ingress_ips("web").await.is_empty() }).await;
+    wait_for("ingress", || async {
+        !w.ingress_ips("web").await.is_empty()
+    })
+    .await;
     if kube_vip {
         wait_for("kube-vip annotation", || async {
             let ips = w.ingress_ips("web").await;
@@ -554,12 +556,18 @@ async fn metal_sharing_conflict(w: &World) {
     let key = json!({"metal.ccm-rs.io/allow-shared-ip": "rbac"});
     for (name, port) in [("share-a", 80), ("share-b", 81)] {
         services
-            .create(&PostParams::default(), &lb_service(name, &[port], key.clone()))
+            .create(
+                &PostParams::default(),
+                &lb_service(name, &[port], key.clone()),
+            )
             .await
             .expect("create svc");
     }
     wait_for("a shared address", || async {
-        let (a, b) = (w.ingress_ips("share-a").await, w.ingress_ips("share-b").await);
+        let (a, b) = (
+            w.ingress_ips("share-a").await,
+            w.ingress_ips("share-b").await,
+        );
         !a.is_empty() && a == b
     })
     .await;
@@ -569,11 +577,14 @@ async fn metal_sharing_conflict(w: &World) {
         .await
         .expect("conflicting ports");
     let manager = format!("system:serviceaccount:{NS}:cloud-controller-manager");
-    wait_for("the provider clears the status of the Service that gave up", || async {
-        w.kube.count_requests(|k| {
-            k.user == manager && k.resource == "services" && k.subresource == "status"
-        }) > 0
-    })
+    wait_for(
+        "the provider clears the status of the Service that gave up",
+        || async {
+            w.kube.count_requests(|k| {
+                k.user == manager && k.resource == "services" && k.subresource == "status"
+            }) > 0
+        },
+    )
     .await;
     // Only when the clear was allowed does the Service get an address of its own.
     let allowed = w.kube.count_requests(|k| {
@@ -581,7 +592,10 @@ async fn metal_sharing_conflict(w: &World) {
     }) > 0;
     if allowed {
         wait_for("an address of its own", || async {
-            let (a, b) = (w.ingress_ips("share-a").await, w.ingress_ips("share-b").await);
+            let (a, b) = (
+                w.ingress_ips("share-a").await,
+                w.ingress_ips("share-b").await,
+            );
             !b.is_empty() && a != b
         })
         .await;
@@ -611,7 +625,10 @@ async fn lifecycle(w: &World, names: &[String]) {
     .await;
     w.cloud.terminate(n3);
     w.set_ready(n3, "Unknown").await;
-    wait_for(&format!("{n3} deleted"), || async { w.node(n3).await.is_none() }).await;
+    wait_for(&format!("{n3} deleted"), || async {
+        w.node(n3).await.is_none()
+    })
+    .await;
 }
 
 async fn exactly_what_is_granted(provider: Provider) {

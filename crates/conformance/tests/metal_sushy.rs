@@ -196,7 +196,9 @@ impl Netns {
         let steps: [&[&str]; 6] = [
             &["netns", "add", &name],
             &["-n", &name, "link", "set", "lo", "up"],
-            &["-n", &name, "link", "add", "m0", "type", "veth", "peer", "name", "m1"],
+            &[
+                "-n", &name, "link", "add", "m0", "type", "veth", "peer", "name", "m1",
+            ],
             &["-n", &name, "addr", "add", "192.168.60.1/24", "dev", "m0"],
             &["-n", &name, "link", "set", "m0", "up"],
             &["-n", &name, "link", "set", "m1", "up"],
@@ -611,10 +613,8 @@ async fn metal_on_sushy_cluster() {
 /// `Retry-After` (BMCs cap concurrent requests: retrying at once makes it worse).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bmc_429_is_throttled_with_its_retry_after() {
-    let dir = std::env::temp_dir().join(format!(
-        "ccm-conformance-metal-429-{}",
-        std::process::id()
-    ));
+    let dir =
+        std::env::temp_dir().join(format!("ccm-conformance-metal-429-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let faults = FaultServer::start().await;
     *faults.fault.lock() = Fault::Throttle;

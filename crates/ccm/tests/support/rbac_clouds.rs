@@ -23,7 +23,9 @@ pub fn find_tool(tool: &str) -> PathBuf {
         .join(tool);
     on_path
         .or_else(|| venv.is_file().then_some(venv))
-        .unwrap_or_else(|| panic!("{tool} is not installed: run .ci/run once (.ci/setup.d installs it into .venv)"))
+        .unwrap_or_else(|| {
+            panic!("{tool} is not installed: run .ci/run once (.ci/setup.d installs it into .venv)")
+        })
 }
 
 fn run(cmd: &mut Command) -> String {
@@ -62,7 +64,8 @@ impl Sim {
             .await
             .expect("sim server");
         let cc = dir.join("cloud.toml");
-        std::fs::write(&cc, format!("endpoint = \"{}\"\n", server.endpoint())).expect("cloud config");
+        std::fs::write(&cc, format!("endpoint = \"{}\"\n", server.endpoint()))
+            .expect("cloud config");
         let launch = Launch {
             manifest_args: vec!["--provider=sim".into()],
             cloud_config: cc,
@@ -94,7 +97,9 @@ impl Sim {
     }
 
     pub fn terminate(&self, name: &str) {
-        self.cloud.terminate_instance(&self.id(name)).expect("terminate");
+        self.cloud
+            .terminate_instance(&self.id(name))
+            .expect("terminate");
     }
 }
 
@@ -109,9 +114,24 @@ pub const BMC_PASSWORD: &str = "rbac-secret-pw";
 /// (Node name, Redfish System UUID, Redfish System name, InternalIP): the System is neither
 /// named nor served as the Node, as on real BMCs.
 pub const METAL_MACHINES: [(&str, &str, &str, &str); 3] = [
-    ("n1", "8d1e2f40-0000-4000-8000-000000000001", "System.Embedded.1", "192.168.77.11"),
-    ("n2", "8d1e2f40-0000-4000-8000-000000000002", "System.Embedded.2", "192.168.77.12"),
-    ("n3", "8d1e2f40-0000-4000-8000-000000000003", "System.Embedded.3", "192.168.77.13"),
+    (
+        "n1",
+        "8d1e2f40-0000-4000-8000-000000000001",
+        "System.Embedded.1",
+        "192.168.77.11",
+    ),
+    (
+        "n2",
+        "8d1e2f40-0000-4000-8000-000000000002",
+        "System.Embedded.2",
+        "192.168.77.12",
+    ),
+    (
+        "n3",
+        "8d1e2f40-0000-4000-8000-000000000003",
+        "System.Embedded.3",
+        "192.168.77.13",
+    ),
 ];
 
 /// sushy-tools with basic auth, a network namespace for the kernel routes, and the
@@ -129,7 +149,9 @@ impl Drop for Metal {
     fn drop(&mut self) {
         let _ = self.sushy.kill();
         let _ = self.sushy.wait();
-        let _ = Command::new("ip").args(["netns", "del", &self.netns]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.netns])
+            .status();
     }
 }
 
@@ -196,8 +218,18 @@ fn make_netns(name: &str) {
     let ip = |args: &[&str]| run(Command::new("ip").args(args));
     ip(&["netns", "add", name]);
     ip(&["-n", name, "link", "set", "lo", "up"]);
-    ip(&["-n", name, "link", "add", "nodes0", "type", "veth", "peer", "name", "nodes1"]);
-    ip(&["-n", name, "addr", "add", "192.168.77.1/24", "dev", "nodes0"]);
+    ip(&[
+        "-n", name, "link", "add", "nodes0", "type", "veth", "peer", "name", "nodes1",
+    ]);
+    ip(&[
+        "-n",
+        name,
+        "addr",
+        "add",
+        "192.168.77.1/24",
+        "dev",
+        "nodes0",
+    ]);
     ip(&["-n", name, "link", "set", "nodes0", "up"]);
     ip(&["-n", name, "link", "set", "nodes1", "up"]);
 }
@@ -306,7 +338,14 @@ impl Metal {
     /// ccm-rs's routes (its table, its protocol) in the namespace.
     pub fn routes(&self) -> usize {
         let out = run(Command::new("ip").args([
-            "-n", &self.netns, "route", "show", "table", "17219", "proto", "75",
+            "-n",
+            &self.netns,
+            "route",
+            "show",
+            "table",
+            "17219",
+            "proto",
+            "75",
         ]));
         out.lines().filter(|l| !l.trim().is_empty()).count()
     }
@@ -408,10 +447,14 @@ main(['-H', '127.0.0.1', '-p', '0'])\n";
         let instances: Vec<(String, String)> =
             serde_json::from_str(out.trim()).expect("instances from boto3");
         let cc = dir.join("aws.toml");
-        let mut text = format!(
-            "region = \"us-east-1\"\nkubernetes_cluster_id = \"{AWS_CLUSTER}\"\n"
-        );
-        for service in ["ec2", "elasticloadbalancing", "elasticloadbalancingv2", "sts"] {
+        let mut text =
+            format!("region = \"us-east-1\"\nkubernetes_cluster_id = \"{AWS_CLUSTER}\"\n");
+        for service in [
+            "ec2",
+            "elasticloadbalancing",
+            "elasticloadbalancingv2",
+            "sts",
+        ] {
             text.push_str(&format!(
                 "\n[[service_override]]\nservice = \"{service}\"\nurl = \"{url}\"\n"
             ));
@@ -475,7 +518,8 @@ main(['-H', '127.0.0.1', '-p', '0'])\n";
 
     /// Routes to instances in the cluster's tagged route table.
     pub fn routes(&self) -> usize {
-        let out = run(Command::new(Self::python()).args(["-c", BOTO, &self.url, AWS_CLUSTER, "routes"]));
+        let out =
+            run(Command::new(Self::python()).args(["-c", BOTO, &self.url, AWS_CLUSTER, "routes"]));
         out.trim().parse().expect("route count")
     }
 }
