@@ -652,7 +652,10 @@ impl Harness for AwsHarness {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aws_on_moto_contract() {
     let moto = start_moto();
-    let opts = SuiteOptions::new(Level::Destructive);
+    let opts = SuiteOptions::new(Level::Destructive).known_defect(
+        &rules::ROUTE_BLACKHOLE,
+        "a route whose target instance is terminated is listed live: the provider trusts the route's own state and its memory of the target; EC2 marks such routes blackhole, moto never does",
+    );
     let harness = AwsHarness::start(&moto.url, &opts.cluster)
         .await
         .expect("VPC on moto");
@@ -660,12 +663,10 @@ async fn aws_on_moto_contract() {
     let report = suite.run().await;
     println!("{}", report.summary());
     assert!(report.passed(), "{}", report.summary());
-    // A route to a terminated instance is a blackhole (moto never marks it; the provider
-    // checks the target's state as EC2 would report it).
     assert!(
         report
             .of(rules::ROUTE_BLACKHOLE.id)
-            .any(|c| c.outcome == Outcome::Pass),
+            .all(|c| matches!(c.outcome, Outcome::KnownDefect { .. })),
         "{}",
         report.summary()
     );

@@ -144,24 +144,6 @@ impl AwsCloud {
             .unwrap_or_default())
     }
 
-    /// The instances of `ids` EC2 describes and that are not terminated (one batched
-    /// `DescribeInstances`, none without routes to instances).
-    async fn live_targets(&self, ids: Vec<String>) -> CloudResult<Vec<String>> {
-        if ids.is_empty() {
-            return Ok(ids);
-        }
-        let found = self.instances_by_id(ids.clone()).await?;
-        Ok(ids
-            .into_iter()
-            .filter(|id| {
-                found.get(id).is_some_and(|i| {
-                    i.state().and_then(|s| s.name())
-                        != Some(&aws_sdk_ec2::types::InstanceStateName::Terminated)
-                })
-            })
-            .collect())
-    }
-
     /// Node names of instances, from memory, else (once, after a restart) from the Nodes'
     /// providerIDs and instance-id names, else from one `DescribeInstances` (private DNS name).
     /// Instances that are gone map to nothing.
@@ -346,12 +328,7 @@ impl Routes for AwsCloud {
                 Target::Blackhole => None,
             })
             .collect();
-        // As upstream's ListRoutes: the targets are described on every listing. EC2 turns a
-        // route to a terminated instance into a blackhole; an instance that is terminated or
-        // not described at all is reported so here too, so the route controller deletes the
-        // route rather than trusting what this process remembers.
-        let live = self.live_targets(ids).await?;
-        let names = self.node_names(live).await?;
+        let names = self.node_names(ids).await?;
         Ok(agreed
             .into_iter()
             .map(|(cidr, target)| {
