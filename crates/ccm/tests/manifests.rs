@@ -772,7 +772,7 @@ fn rbac_of(args: &[&str]) -> std::collections::BTreeMap<String, Value> {
 
 /// A provider's own API calls are granted only with that provider. The AWS provider makes
 /// none (it talks to AWS only), so its grants are sim's; the metal provider patches Services
-/// (kube-vip's annotation), lists Services and Nodes (already the manager's: its informers),
+/// (kube-vip's annotation) and their status (clearing a sharer that gave its address up), lists Services and Nodes (already the manager's: its informers),
 /// and reads the BMC credential Secrets the cloud config names, and nothing else.
 #[test]
 fn provider_grants_follow_the_provider() {
@@ -793,7 +793,7 @@ fn provider_grants_follow_the_provider() {
     );
     assert_eq!(
         metal["ClusterRole/ccm-rs:provider-metal"]["rules"],
-        serde_json::json!([{"apiGroups": [""], "resources": ["services"], "verbs": ["patch"]}])
+        serde_json::json!([{"apiGroups": [""], "resources": ["services", "services/status"], "verbs": ["patch"]}])
     );
     assert_eq!(
         metal["ClusterRoleBinding/ccm-rs:provider-metal"]["subjects"],

@@ -6,6 +6,15 @@
 //! used (a grant nobody uses fails). The secure port is on, as deployed: a scrape of
 //! `/metrics` with a bearer token makes the CCM create TokenReviews and SubjectAccessReviews,
 //! and its startup reads the client CA through the bootstrap Role the manifests bind.
+//!
+//! It runs for every provider, each with its provider's own manifests (`ccm manifests
+//! --provider …`) and its real cloud: the sim; metal on sushy-tools (System ids that are not the
+//! Node names, BMC credentials from a Secret, kube-vip pairing on, a sharing conflict that makes
+//! the provider clear a Service's status, kernel routes in a network namespace: needs root);
+//! and, with `--features aws` (`.ci/test` runs it), aws on moto.
+
+#[path = "support/rbac_clouds.rs"]
+mod clouds;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -14,7 +23,6 @@ use std::time::Duration;
 
 use ccm_kube_sim::rbac::{Attributes, UserInfo};
 use ccm_kube_sim::{Config, KubeSim, Verb};
-use ccm_provider_sim::{InstanceSpec, SimCloud, SimServer};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -23,7 +31,7 @@ use tokio::time::Instant;
 const NS: &str = "kube-system";
 const TIMEOUT: Duration = Duration::from_secs(90);
 
-fn manifests(args: &[&str]) -> Vec<Value> {
+fn manifests(args: &[String]) -> Vec<Value> {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ccm"))
         .arg("manifests")
         .args(args)
@@ -49,6 +57,7 @@ fn plural(kind: &str) -> &'static str {
         "ClusterRoleBinding" => "clusterrolebindings",
         "Role" => "roles",
         "RoleBinding" => "rolebindings",
+        "Secret" => "secrets",
         other => panic!("unexpected kind {other}"),
     }
 }
@@ -94,19 +103,111 @@ where
     }
 }
 
+/// The provider's cloud, as the test drives it (an operator's or a kubelet's actions).
+enum Cloud {
+    Sim(clouds::Sim),
+    Metal(clouds::Metal),
+    #[cfg(feature = "aws")]
+    Aws(clouds::Aws),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Provider {
+    Sim,
+    Metal,
+    #[cfg(feature = "aws")]
+    Aws,
+}
+
+impl Cloud {
+    async fn start(p: Provider, dir: &std::path::Path) -> (Cloud, clouds::Launch) {
+        match p {
+            Provider::Sim => {
+                let (c, l) = clouds::Sim::start(dir).await;
+                (Cloud::Sim(c), l)
+            }
+            Provider::Metal => {
+                let (c, l) = clouds::Metal::start(dir);
+                (Cloud::Metal(c), l)
+            }
+            #[cfg(feature = "aws")]
+            Provider::Aws => {
+                let (c, l) = clouds::Aws::start(dir);
+                (Cloud::Aws(c), l)
+            }
+        }
+    }
+
+    /// The three Nodes' names: the AWS instances' private DNS names, else n1..n3.
+    fn node_names(&self) -> Vec<String> {
+        match self {
+            #[cfg(feature = "aws")]
+            Cloud::Aws(a) => a.instances.iter().map(|(_, n)| n.clone()).collect(),
+            _ => ["n1", "n2", "n3"].map(String::from).to_vec(),
+        }
+    }
+
+    fn add(&self, name: &str) {
+        if let Cloud::Sim(s) = self {
+            s.add(name);
+        }
+    }
+
+    async fn stop(&self, name: &str) {
+        match self {
+            Cloud::Sim(s) => s.stop(name),
+            Cloud::Metal(m) => m.stop(name).await,
+            #[cfg(feature = "aws")]
+            Cloud::Aws(a) => a.stop(name),
+        }
+    }
+
+    async fn start_again(&self, name: &str) {
+        match self {
+            Cloud::Sim(s) => s.start_again(name),
+            Cloud::Metal(m) => m.start_again(name).await,
+            #[cfg(feature = "aws")]
+            Cloud::Aws(a) => a.start_again(name),
+        }
+    }
+
+    fn terminate(&self, name: &str) {
+        match self {
+            Cloud::Sim(s) => s.terminate(name),
+            Cloud::Metal(m) => m.terminate(name),
+            #[cfg(feature = "aws")]
+            Cloud::Aws(a) => a.terminate(name),
+        }
+    }
+
+    fn routes(&self) -> usize {
+        match self {
+            Cloud::Sim(s) => s.cloud.routes().len(),
+            Cloud::Metal(m) => m.routes(),
+            #[cfg(feature = "aws")]
+            Cloud::Aws(a) => a.routes(),
+        }
+    }
+}
+
 struct World {
     kube: KubeSim,
-    cloud: SimCloud,
+    cloud: Cloud,
     admin: kube::Client,
 }
 
 impl World {
-    async fn add_node(&self, name: &str, cidr: &str) {
-        self.cloud.add_instance(InstanceSpec::new(name.to_string()));
+    async fn add_node(&self, name: &str, cidr: Option<&str>) {
+        self.cloud.add(name);
+        let mut spec = json!({"taints": [
+            {"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"}]});
+        if let Some(cidr) = cidr {
+            spec["podCIDR"] = json!(cidr);
+            spec["podCIDRs"] = json!([cidr]);
+        }
         let node: Node = serde_json::from_value(json!({
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-            "spec": {"podCIDR": cidr, "podCIDRs": [cidr], "taints": [
-                {"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"}]},
+            "spec": spec,
         }))
         .expect("node");
         Api::<Node>::all(self.admin.clone())
@@ -131,6 +232,25 @@ impl World {
             .get_opt(name)
             .await
             .expect("get node")
+    }
+
+    fn services(&self) -> Api<Service> {
+        Api::namespaced(self.admin.clone(), "default")
+    }
+
+    async fn ingress_ips(&self, name: &str) -> Vec<String> {
+        self.services()
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| s.status)
+            .and_then(|s| s.load_balancer)
+            .and_then(|l| l.ingress)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|i| i.ip.or(i.hostname))
+            .collect()
     }
 }
 
@@ -160,18 +280,6 @@ async fn scrape_metrics(w: &World, addr: SocketAddr, certs: &std::path::Path) {
         let (code, body) = s.get("/metrics").await.expect("GET /metrics");
         assert_eq!(code, want, "{account}: {body}");
     }
-}
-
-fn set_route_latency(cloud: &SimCloud, fixed: Duration) {
-    cloud
-        .set_latency(
-            "create_route",
-            ccm_provider_sim::Latency {
-                fixed,
-                jitter: Duration::ZERO,
-            },
-        )
-        .expect("latency");
 }
 
 fn has_taint(n: &Node, key: &str) -> bool {
@@ -276,22 +384,14 @@ fn granted(objects: &[Value]) -> BTreeSet<Grant> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn controllers_under_the_manifests_identities_use_exactly_what_is_granted() {
-    let objects = manifests(&["--cluster-cidr=10.128.0.0/9"]);
-    let kube = KubeSim::start(Config {
-        rbac: true,
-        ..Config::default()
-    })
-    .await
-    .expect("kube-sim");
-    let admin = kube.client_with_user_agent("test-admin").expect("admin");
-    for o in objects
-        .iter()
-        .filter(|o| o["kind"] != "Deployment" && o["kind"] != "PodDisruptionBudget")
-    {
-        create(&admin, o).await;
-    }
+/// The provider's CCM process with the Deployment's own flags; only the port and the local
+/// wiring differ.
+fn spawn_ccm(
+    objects: &[Value],
+    kube: &KubeSim,
+    dir: &std::path::Path,
+    launch: &clouds::Launch,
+) -> (tokio::process::Child, u16) {
     let deployment = objects
         .iter()
         .find(|o| o["kind"] == "Deployment")
@@ -300,24 +400,9 @@ async fn controllers_under_the_manifests_identities_use_exactly_what_is_granted(
     let sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
         .as_str()
         .expect("serviceAccountName");
-
-    let cloud = SimCloud::seeded(7);
-    let server = SimServer::start(cloud.clone(), SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .expect("sim server");
-    let dir = std::env::temp_dir().join(format!(
-        "ccm-rbac-{}-{}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).expect("dir");
     let kc = dir.join("kubeconfig");
     let token = kube.service_account_token(NS, sa).expect("token");
-    std::fs::write(&kc, kubeconfig(&kube, &token)).expect("kubeconfig");
-    let cc = dir.join("cloud.toml");
-    std::fs::write(&cc, format!("endpoint = \"{}\"\n", server.endpoint())).expect("cloud config");
-
-    // The Deployment's own flags; only the port and the local wiring differ.
+    std::fs::write(&kc, kubeconfig(kube, &token)).expect("kubeconfig");
     let mut args: Vec<String> = container["args"]
         .as_array()
         .expect("args")
@@ -332,14 +417,15 @@ async fn controllers_under_the_manifests_identities_use_exactly_what_is_granted(
         .port();
     args.extend([
         format!("--kubeconfig={}", kc.display()),
-        format!("--cloud-config={}", cc.display()),
+        format!("--cloud-config={}", launch.cloud_config.display()),
         format!("--secure-port={port}"),
         "--bind-address=127.0.0.1".into(),
         format!("--cert-dir={}", dir.join("certs").display()),
         "--node-monitor-period=1s".into(),
     ]);
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ccm"))
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ccm"))
         .args(&args)
+        .envs(launch.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdout(Stdio::null())
         .stderr(if std::env::var_os("CCM_TEST_LOGS").is_some() {
             Stdio::inherit()
@@ -349,39 +435,37 @@ async fn controllers_under_the_manifests_identities_use_exactly_what_is_granted(
         .kill_on_drop(true)
         .spawn()
         .expect("spawn ccm");
+    (child, port)
+}
 
-    let w = World {
-        kube,
-        cloud,
-        admin: admin.clone(),
-    };
-    // The leader renews its lease (update).
-    wait_for("a lease renewal", || async {
-        w.kube
-            .count_requests(|k| k.resource == "leases" && k.verb == Verb::Update && k.code == 200)
-            > 0
-    })
-    .await;
-    // cloud-node + route: nodes join, get initialized and routed. The first taint removal
-    // races another writer (409), so the controller re-reads the Node (get) and retries.
+/// cloud-node + route: Nodes join, get initialized and routed. The first taint removal races
+/// another writer (409), so the controller re-reads the Node (get) and retries. The third Node
+/// gets its pod CIDR only after it is initialized, so the route controller (not the cloud-node
+/// controller's folded status write) writes its `NetworkUnavailable` condition.
+async fn join_nodes(w: &World, names: &[String]) {
     w.kube.faults().conflict_next(Verb::Patch, "nodes", "", 1);
-    for (i, n) in ["n1", "n2", "n3"].iter().enumerate() {
-        if *n == "n3" {
-            // A route slower than the cloud-node controller's wait for it (2 s): the node is
-            // initialized first and the route controller writes NetworkUnavailable itself.
-            set_route_latency(&w.cloud, Duration::from_secs(3));
-        }
-        w.add_node(n, &format!("10.128.{i}.0/24")).await;
+    for (i, n) in names.iter().enumerate() {
+        let cidr = format!("10.128.{i}.0/24");
+        let late = i == 2;
+        w.add_node(n, (!late).then_some(cidr.as_str())).await;
         wait_for(&format!("{n} initialized"), || async {
             w.node(n)
                 .await
                 .is_some_and(|n| !has_taint(&n, "node.cloudprovider.kubernetes.io/uninitialized"))
         })
         .await;
+        if late {
+            let p = json!({"spec": {"podCIDR": cidr, "podCIDRs": [cidr]}});
+            Api::<Node>::all(w.admin.clone())
+                .patch(n, &PatchParams::default(), &Patch::Merge(&p))
+                .await
+                .expect("pod CIDR");
+        }
     }
-    wait_for("routes", || async { w.cloud.routes().len() == 3 }).await;
-    wait_for("n3 routed", || async {
-        w.node("n3").await.is_some_and(|n| {
+    wait_for("routes", || async { w.cloud.routes() == names.len() }).await;
+    let last = &names[2];
+    wait_for(&format!("{last} routed"), || async {
+        w.node(last).await.is_some_and(|n| {
             n.status
                 .and_then(|s| s.conditions)
                 .into_iter()
@@ -390,38 +474,46 @@ async fn controllers_under_the_manifests_identities_use_exactly_what_is_granted(
         })
     })
     .await;
-    set_route_latency(&w.cloud, Duration::ZERO);
+}
 
-    scrape_metrics(
-        &w,
-        SocketAddr::from(([127, 0, 0, 1], port)),
-        &dir.join("certs"),
-    )
-    .await;
-
-    // service: a LoadBalancer Service gets ingress, then is deleted (finalizer removed).
-    let services: Api<Service> = Api::namespaced(admin.clone(), "default");
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"name": "web"},
-        "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
-                 "ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP"}]},
+fn lb_service(name: &str, ports: &[i32], annotations: Value) -> Service {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|p| json!({"name": format!("p{p}"), "port": p, "targetPort": 8080, "protocol": "TCP"}))
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"type": "LoadBalancer", "selector": {"app": name}, "ports": ports},
     }))
-    .expect("svc");
+    .expect("svc")
+}
+
+/// service: a LoadBalancer Service gets ingress, is changed twice (the recorder patches the
+/// repeated Event's count instead of creating another), then is deleted (finalizer removed).
+/// With metal's kube-vip pairing, the provider writes kube-vip's annotation (watch + patch).
+async fn load_balancer(w: &World, kube_vip: bool) {
+    let services = w.services();
     services
-        .create(&PostParams::default(), &svc)
+        .create(&PostParams::default(), &lb_service("web", &[80], json!({})))
         .await
         .expect("create svc");
     wait_for("ingress", || async {
-        services.get("web").await.ok().is_some_and(|s| {
-            s.status
-                .and_then(|s| s.load_balancer)
-                .and_then(|l| l.ingress)
-                .is_some_and(|i| !i.is_empty())
-        })
+        !w.ingress_ips("web").await.is_empty()
     })
     .await;
-    // A second change of the same Service repeats its events: the recorder patches the
-    // existing Event's count instead of creating another.
+    if kube_vip {
+        wait_for("kube-vip annotation", || async {
+            let ips = w.ingress_ips("web").await;
+            services.get("web").await.ok().is_some_and(|s| {
+                s.metadata
+                    .annotations
+                    .unwrap_or_default()
+                    .get("kube-vip.io/loadbalancerIPs")
+                    == ips.first()
+            })
+        })
+        .await;
+    }
     for port in [81, 82] {
         let p = json!({"spec": {"ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP", "name": "a"},
                                          {"port": port, "targetPort": 8080, "protocol": "TCP", "name": "b"}]}});
@@ -437,44 +529,172 @@ async fn controllers_under_the_manifests_identities_use_exactly_what_is_granted(
             > 0
     })
     .await;
-    services
-        .delete("web", &DeleteParams::default())
-        .await
-        .expect("delete svc");
-    wait_for("service gone", || async {
-        services.get_opt("web").await.expect("get").is_none()
+    delete_services(w, &["web"]).await;
+}
+
+async fn delete_services(w: &World, names: &[&str]) {
+    let services = w.services();
+    for n in names {
+        services
+            .delete(n, &DeleteParams::default())
+            .await
+            .expect("delete svc");
+    }
+    for n in names {
+        wait_for(&format!("service {n} gone"), || async {
+            services.get_opt(n).await.expect("get").is_none()
+        })
+        .await;
+    }
+}
+
+/// metal: two Services share an address by key; one changes its ports into a conflict and
+/// gives the address up — the provider clears its status itself (patch services/status under
+/// the CCM's own account), and the next sync gives it an address of its own.
+async fn metal_sharing_conflict(w: &World) {
+    let services = w.services();
+    let key = json!({"metal.ccm-rs.io/allow-shared-ip": "rbac"});
+    for (name, port) in [("share-a", 80), ("share-b", 81)] {
+        services
+            .create(
+                &PostParams::default(),
+                &lb_service(name, &[port], key.clone()),
+            )
+            .await
+            .expect("create svc");
+    }
+    wait_for("a shared address", || async {
+        let (a, b) = (
+            w.ingress_ips("share-a").await,
+            w.ingress_ips("share-b").await,
+        );
+        !a.is_empty() && a == b
     })
     .await;
+    let p = json!({"spec": {"ports": [{"name": "p81", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}});
+    services
+        .patch("share-b", &PatchParams::default(), &Patch::Merge(&p))
+        .await
+        .expect("conflicting ports");
+    let manager = format!("system:serviceaccount:{NS}:cloud-controller-manager");
+    wait_for(
+        "the provider clears the status of the Service that gave up",
+        || async {
+            w.kube.count_requests(|k| {
+                k.user == manager && k.resource == "services" && k.subresource == "status"
+            }) > 0
+        },
+    )
+    .await;
+    // Only when the clear was allowed does the Service get an address of its own.
+    let allowed = w.kube.count_requests(|k| {
+        k.user == manager && k.resource == "services" && k.subresource == "status" && k.code == 200
+    }) > 0;
+    if allowed {
+        wait_for("an address of its own", || async {
+            let (a, b) = (
+                w.ingress_ips("share-a").await,
+                w.ingress_ips("share-b").await,
+            );
+            !b.is_empty() && a != b
+        })
+        .await;
+    }
+    delete_services(w, &["share-a", "share-b"]).await;
+}
 
-    // cloud-node-lifecycle: a stopped instance is tainted shutdown, the taint goes when it
-    // is Ready again; a terminated instance's Node is deleted.
-    let id = w.cloud.instance_id("n2").expect("n2 instance");
-    w.cloud.stop_instance(&id).expect("stop");
-    w.set_ready("n2", "Unknown").await;
+/// cloud-node-lifecycle: a stopped instance is tainted shutdown, the taint goes when it is
+/// Ready again; a terminated instance's Node is deleted.
+async fn lifecycle(w: &World, names: &[String]) {
+    let (n2, n3) = (&names[1], &names[2]);
+    w.cloud.stop(n2).await;
+    w.set_ready(n2, "Unknown").await;
     wait_for("shutdown taint", || async {
-        w.node("n2")
+        w.node(n2)
             .await
             .is_some_and(|n| has_taint(&n, "node.cloudprovider.kubernetes.io/shutdown"))
     })
     .await;
-    w.cloud.start_instance(&id).expect("start");
-    w.set_ready("n2", "True").await;
+    w.cloud.start_again(n2).await;
+    w.set_ready(n2, "True").await;
     wait_for("shutdown taint removed", || async {
-        w.node("n2")
+        w.node(n2)
             .await
             .is_some_and(|n| !has_taint(&n, "node.cloudprovider.kubernetes.io/shutdown"))
     })
     .await;
-    let id3 = w.cloud.instance_id("n3").expect("n3 instance");
-    w.cloud.terminate_instance(&id3).expect("terminate");
-    w.set_ready("n3", "Unknown").await;
-    wait_for("n3 deleted", || async { w.node("n3").await.is_none() }).await;
+    w.cloud.terminate(n3);
+    w.set_ready(n3, "Unknown").await;
+    wait_for(&format!("{n3} deleted"), || async {
+        w.node(n3).await.is_none()
+    })
+    .await;
+}
+
+async fn exactly_what_is_granted(provider: Provider) {
+    let dir = std::env::temp_dir().join(format!(
+        "ccm-rbac-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (cloud, launch) = Cloud::start(provider, &dir).await;
+    let mut margs = vec!["--cluster-cidr=10.128.0.0/9".to_string()];
+    margs.extend(launch.manifest_args.iter().cloned());
+    let objects = manifests(&margs);
+    let kube = KubeSim::start(Config {
+        rbac: true,
+        ..Config::default()
+    })
+    .await
+    .expect("kube-sim");
+    let admin = kube.client_with_user_agent("test-admin").expect("admin");
+    for o in objects
+        .iter()
+        .filter(|o| o["kind"] != "Deployment" && o["kind"] != "PodDisruptionBudget")
+    {
+        create(&admin, o).await;
+    }
+    if let Cloud::Metal(m) = &cloud {
+        create(&admin, &m.secret()).await;
+    }
+    let (mut child, port) = spawn_ccm(&objects, &kube, &dir, &launch);
+    let w = World {
+        kube,
+        cloud,
+        admin: admin.clone(),
+    };
+    // The leader renews its lease (update).
+    wait_for("a lease renewal", || async {
+        w.kube
+            .count_requests(|k| k.resource == "leases" && k.verb == Verb::Update && k.code == 200)
+            > 0
+    })
+    .await;
+    let names = w.cloud.node_names();
+    join_nodes(&w, &names).await;
+    scrape_metrics(
+        &w,
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        &dir.join("certs"),
+    )
+    .await;
+    let metal = matches!(w.cloud, Cloud::Metal(_));
+    load_balancer(&w, metal).await;
+    if metal {
+        metal_sharing_conflict(&w).await;
+    }
+    lifecycle(&w, &names).await;
     let _ = Api::<Node>::all(admin.clone())
         .list(&ListParams::default())
         .await;
     let _ = child.kill().await;
+    compare(&w, &objects, &admin).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
 
-    // Compare what each identity did with what it was granted.
+/// Compares what each identity did with what it was granted.
+async fn compare(w: &World, objects: &[Value], admin: &kube::Client) {
     let accounts: BTreeSet<String> = objects
         .iter()
         .filter(|o| o["kind"] == "ServiceAccount")
@@ -506,14 +726,14 @@ async fn controllers_under_the_manifests_identities_use_exactly_what_is_granted(
         }
     }
     assert!(denied.is_empty(), "used but not granted (403): {denied:#?}");
-    let granted = granted(&objects);
+    let granted = granted(objects);
     let unused: Vec<_> = granted.iter().filter(|g| !used.contains(*g)).collect();
     assert!(
         unused.is_empty(),
         "granted but never used: {unused:#?}\nused: {used:#?}"
     );
     // Each binding to a bootstrap Role is needed: its account used one of the Role's grants.
-    let bindings = bootstrap_bindings(&objects);
+    let bindings = bootstrap_bindings(objects);
     assert!(
         !bindings.is_empty(),
         "the manifests bind extension-apiserver-authentication-reader"
@@ -553,5 +773,23 @@ async fn controllers_under_the_manifests_identities_use_exactly_what_is_granted(
         "n1",
     ));
     assert!(!d.allowed);
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controllers_under_the_manifests_identities_use_exactly_what_is_granted() {
+    exactly_what_is_granted(Provider::Sim).await;
+}
+
+/// The metal provider's own calls (BMC credentials Secret, kube-vip pairing, clearing a
+/// Service's status, listing Nodes and Services) under `ccm manifests --provider metal`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metal_uses_exactly_what_its_manifests_grant() {
+    exactly_what_is_granted(Provider::Metal).await;
+}
+
+/// The AWS provider under `ccm manifests --provider aws`, against moto.
+#[cfg(feature = "aws")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_uses_exactly_what_its_manifests_grant() {
+    exactly_what_is_granted(Provider::Aws).await;
 }

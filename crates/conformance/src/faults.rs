@@ -42,14 +42,19 @@ async fn throttling(ctx: &Ctx) -> Check {
             batch.into_iter().next().unwrap_or(Ok(Default::default())),
         )?;
     }
-    if let Some(lb) = ctx.provider.load_balancer() {
+    let local = ctx.harness.local_capabilities();
+    if let Some(lb) = ctx
+        .provider
+        .load_balancer()
+        .filter(|_| !local.contains(&"load_balancer"))
+    {
         let svc = service("conformance-throttled", 80, 30080);
         throttled(
             "get_load_balancer",
             lb.get_load_balancer(ctx.cluster(), &svc).await,
         )?;
     }
-    if let Some(r) = ctx.provider.routes() {
+    if let Some(r) = ctx.provider.routes().filter(|_| !local.contains(&"routes")) {
         throttled("list_routes", r.list_routes(ctx.cluster()).await)?;
     }
     Ok(())

@@ -153,6 +153,13 @@ pub trait Harness: Send + Sync {
         Vec::new()
     }
 
+    /// Capabilities (`"load_balancer"`, `"routes"`) whose calls never reach the API that
+    /// [`Harness::inject`] makes fail — e.g. the metal provider's address pools and kernel
+    /// routes are local, only its BMCs are remote — so a fault cannot surface in them.
+    fn local_capabilities(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// The longest load-balancer name the cloud accepts (AWS ELB: 32).
     fn max_lb_name_len(&self) -> usize {
         255

@@ -89,7 +89,7 @@ impl MetalCloud {
             .redfish
             .lookup(bmc, name, credentials)
             .await
-            .map_err(|e| CloudError::Transient(format!("machine {name}: {e}")))
+            .map_err(|e| e.into_cloud_error(name))
     }
 
     /// The System's identity the config makes providerIDs of (`None`: the name).

@@ -85,6 +85,47 @@ pub enum BmcError {
         /// What went wrong (never includes credentials).
         message: String,
     },
+    /// The BMC answered 429 Too Many Requests: the controllers must slow down, not retry at
+    /// once (BMCs cap concurrent requests and sessions).
+    #[error("BMC {endpoint} throttled the request: {message}")]
+    Throttled {
+        /// The endpoint.
+        endpoint: String,
+        /// Which request.
+        message: String,
+        /// The BMC's `Retry-After`, if it sent one.
+        retry_after: Option<Duration>,
+    },
+}
+
+impl BmcError {
+    /// The cloud error the controllers act on: `Throttled` (with the BMC's hint) for a 429,
+    /// `Transient` for everything else — never "gone".
+    pub fn into_cloud_error(self, machine: &str) -> ccm_cloud::CloudError {
+        let message = format!("machine {machine}: {self}");
+        match self {
+            BmcError::Throttled { retry_after, .. } => ccm_cloud::CloudError::Throttled {
+                message,
+                retry_after,
+            },
+            _ => ccm_cloud::CloudError::Transient(message),
+        }
+    }
+}
+
+/// Why a step of a lookup gave no answer: a message, or the BMC's 429.
+enum Why {
+    Msg(String),
+    Throttled {
+        message: String,
+        retry_after: Option<Duration>,
+    },
+}
+
+impl From<String> for Why {
+    fn from(m: String) -> Self {
+        Why::Msg(m)
+    }
 }
 
 /// How the config picks the machine's System out of the collection.
@@ -212,7 +253,17 @@ impl Redfish {
         let auth = Auth::of(bmc, credentials).map_err(fail)?;
         let key = (bmc.endpoint.clone(), Selector::of(bmc, node));
         match tokio::time::timeout(self.timeout, self.find(bmc, &auth, &key)).await {
-            Ok(r) => r.map_err(fail),
+            Ok(r) => r.map_err(|why| match why {
+                Why::Msg(m) => fail(m),
+                Why::Throttled {
+                    message,
+                    retry_after,
+                } => BmcError::Throttled {
+                    endpoint: bmc.endpoint.clone(),
+                    message,
+                    retry_after,
+                },
+            }),
             Err(_) => Err(BmcError::Timeout {
                 endpoint: bmc.endpoint.clone(),
                 timeout: self.timeout,
@@ -220,7 +271,7 @@ impl Redfish {
         }
     }
 
-    async fn find(&self, bmc: &BmcConfig, auth: &Auth, key: &SystemKey) -> Result<Lookup, String> {
+    async fn find(&self, bmc: &BmcConfig, auth: &Auth, key: &SystemKey) -> Result<Lookup, Why> {
         let known = self.found.lock().get(key).cloned();
         if let Some(path) = known {
             let r = self.transport.get(bmc, auth, &path).await?;
@@ -234,7 +285,7 @@ impl Redfish {
                 }
                 // Maybe renumbered, maybe gone: only the collection can tell.
                 StatusCode::NOT_FOUND => {}
-                s => return Err(status_error("GET", &path, s)),
+                _ => return Err(status_error("GET", &path, &r)),
             }
         }
         let members = self.members(bmc, auth).await?;
@@ -254,13 +305,14 @@ impl Redfish {
                 "no {} among the BMC's Systems {:?}; set bmc.system to one of these ids (or bmc.system_uuid / bmc.system_serial)",
                 key.1.describe(),
                 ids(&members)
-            )),
+            )
+            .into()),
         }
     }
 
     /// The member paths of the Systems collection; both the service root and the collection
     /// must answer 200 with Redfish JSON.
-    async fn members(&self, bmc: &BmcConfig, auth: &Auth) -> Result<Vec<String>, String> {
+    async fn members(&self, bmc: &BmcConfig, auth: &Auth) -> Result<Vec<String>, Why> {
         let root = self.get_json(bmc, auth, SERVICE_ROOT).await?;
         let systems = root
             .pointer("/Systems/@odata.id")
@@ -272,7 +324,7 @@ impl Redfish {
             .get("Members")
             .and_then(|m| m.as_array())
             .ok_or_else(|| format!("the Systems collection {systems} has no Members"))?;
-        members
+        Ok(members
             .iter()
             .map(|m| {
                 m.get("@odata.id")
@@ -280,7 +332,7 @@ impl Redfish {
                     .map(|s| s.trim_end_matches('/').to_string())
                     .ok_or_else(|| format!("a member of {systems} has no @odata.id"))
             })
-            .collect()
+            .collect::<Result<_, _>>()?)
     }
 
     /// The member `sel` names, read; `None` when the collection does not have it.
@@ -290,7 +342,7 @@ impl Redfish {
         auth: &Auth,
         sel: &Selector,
         members: &[String],
-    ) -> Result<Option<System>, String> {
+    ) -> Result<Option<System>, Why> {
         let path = match sel {
             Selector::Id(_) | Selector::Path(_) => members.iter().find(|m| sel.matches_path(m)),
             Selector::OnlyMember => match members {
@@ -300,7 +352,8 @@ impl Redfish {
                         "the BMC has {} Systems {:?}, so bmc.system (or bmc.system_uuid / bmc.system_serial) must say which is this machine",
                         members.len(),
                         ids(members)
-                    ));
+                    )
+                    .into());
                 }
             },
             Selector::Uuid(_) | Selector::Serial(_) => {
@@ -320,12 +373,12 @@ impl Redfish {
     }
 
     /// A System the collection lists; any failure (even 404) is an error here.
-    async fn read(&self, bmc: &BmcConfig, auth: &Auth, path: &str) -> Result<System, String> {
+    async fn read(&self, bmc: &BmcConfig, auth: &Auth, path: &str) -> Result<System, Why> {
         let r = self.transport.get(bmc, auth, path).await?;
         if r.status != StatusCode::OK {
-            return Err(status_error("GET", path, r.status));
+            return Err(status_error("GET", path, &r));
         }
-        parse_system(path, &r.body)
+        Ok(parse_system(path, &r.body)?)
     }
 
     async fn get_json(
@@ -333,18 +386,27 @@ impl Redfish {
         bmc: &BmcConfig,
         auth: &Auth,
         path: &str,
-    ) -> Result<serde_json::Value, String> {
-        let Reply { status, body } = self.transport.get(bmc, auth, path).await?;
-        if status != StatusCode::OK {
-            return Err(status_error("GET", path, status));
+    ) -> Result<serde_json::Value, Why> {
+        let r = self.transport.get(bmc, auth, path).await?;
+        if r.status != StatusCode::OK {
+            return Err(status_error("GET", path, &r));
         }
-        serde_json::from_slice(&body)
-            .map_err(|e| format!("GET {path}: not a Redfish JSON document: {e}"))
+        Ok(serde_json::from_slice(&r.body)
+            .map_err(|e| format!("GET {path}: not a Redfish JSON document: {e}"))?)
     }
 }
 
-fn status_error(verb: &str, path: &str, status: StatusCode) -> String {
-    format!("{verb} {path}: HTTP {status}")
+/// A non-200 answer: throttling (429) kept apart so it reaches the controllers as such.
+fn status_error(verb: &str, path: &str, r: &Reply) -> Why {
+    let message = format!("{verb} {path}: HTTP {}", r.status);
+    if r.status == StatusCode::TOO_MANY_REQUESTS {
+        Why::Throttled {
+            message,
+            retry_after: r.retry_after,
+        }
+    } else {
+        Why::Msg(message)
+    }
 }
 
 fn ids(members: &[String]) -> Vec<String> {

@@ -66,6 +66,8 @@ impl Auth {
 pub struct Reply {
     pub status: StatusCode,
     pub body: Bytes,
+    /// `Retry-After` in seconds (a 429 or 503 may carry it; the HTTP-date form is ignored).
+    pub retry_after: Option<Duration>,
 }
 
 /// Shared HTTP state of the Redfish client.
@@ -199,6 +201,12 @@ async fn get_following_redirects(
             .await
             .map_err(|e| format!("GET {url}: {}", error_chain(&e)))?;
         let status = resp.status();
+        let retry_after = resp
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
         if status.is_redirection() {
             let loc = resp
                 .headers()
@@ -218,7 +226,11 @@ async fn get_following_redirects(
             .await
             .map_err(|e| format!("GET {url}: reading the body: {e}"))?
             .to_bytes();
-        return Ok(Reply { status, body });
+        return Ok(Reply {
+            status,
+            body,
+            retry_after,
+        });
     }
     Err(format!("GET {url}: too many redirects"))
 }
