@@ -65,7 +65,8 @@ impl OpenStackCloud {
         &self.0.config
     }
 
-    pub(crate) fn keystone(&self) -> &Keystone {
+    /// The Keystone client (token, catalog), shared by every call of this provider.
+    pub fn keystone(&self) -> &Keystone {
         &self.0.keystone
     }
 
@@ -87,8 +88,19 @@ impl CloudProvider for OpenStackCloud {
     }
 
     async fn initialize(&self, _ctx: InitContext) -> CloudResult<()> {
-        // Upstream authenticates when the provider is built and exits on failure; here the
-        // first token is fetched at initialization, and the catalog must offer compute.
+        self.check().await
+    }
+
+    fn instances(&self) -> Option<Arc<dyn Instances>> {
+        Some(Arc::new(self.clone()))
+    }
+}
+
+impl OpenStackCloud {
+    /// Authenticates and finds compute in the catalog: what `initialize` does to fail fast on
+    /// bad credentials or a wrong region (upstream authenticates when the provider is built and
+    /// exits on failure).
+    pub async fn check(&self) -> CloudResult<()> {
         match self.keystone().endpoint("compute").await {
             Ok(_) => Ok(()),
             Err(CloudError::NotImplemented) => Err(CloudError::Permanent(format!(
@@ -98,10 +110,6 @@ impl CloudProvider for OpenStackCloud {
             ))),
             Err(e) => Err(e),
         }
-    }
-
-    fn instances(&self) -> Option<Arc<dyn Instances>> {
-        Some(Arc::new(self.clone()))
     }
 }
 
