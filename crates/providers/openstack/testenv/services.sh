@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Registers and starts Placement, Glance and Nova (fake virt driver) next to a running Keystone
-# and RabbitMQ. Usage: services.sh DIR KS_PORT RMQ_PORT PORT_BASE VENV
+# WORK IN PROGRESS, not run by the tests: registers and starts Placement, Glance and Nova (fake
+# virt driver) next to a running Keystone and RabbitMQ. Servers boot; Nova's servers listing
+# still answers 401 because its call to Neutron is refused. Neutron (ML2, no agents) needs
+# MariaDB (its migrations fail on sqlite and PostgreSQL) and is started by hand so far: see
+# docs/providers/openstack.md#tests. Usage: services.sh DIR KS_PORT RMQ_PORT PORT_BASE VENV
 set -euo pipefail
 DIR=$1; KS_PORT=$2; RMQ_PORT=$3; BASE=$4; VENV=$5
 PL_PORT=$BASE; GL_PORT=$((BASE+1)); NOVA_PORT=$((BASE+2))
