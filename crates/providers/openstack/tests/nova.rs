@@ -236,7 +236,7 @@ async fn nova_instances_batched_shutdown_gone_and_errors() {
     stack.openstack(&["server", "stop", &ids[0]]);
     stack.wait_status(&ids[0], Some("SHUTOFF"));
     let st = cloud.instances_status(&nodes).await;
-    assert_eq!(st[0].as_ref().expect("status").shutdown, true);
+    assert!(st[0].as_ref().expect("status").shutdown);
     assert!(st[0].as_ref().expect("status").exists);
 
     // Delete → gone, confirmed by Nova's own 404 for that id.
