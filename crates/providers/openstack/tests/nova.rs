@@ -112,6 +112,11 @@ fn start_stack() -> Stack {
 impl Stack {
     /// The real `openstack` client as the cluster's user.
     fn openstack(&self, args: &[&str]) -> String {
+        self.try_openstack(args)
+            .unwrap_or_else(|e| panic!("openstack {args:?}: {e}"))
+    }
+
+    fn try_openstack(&self, args: &[&str]) -> Result<String, String> {
         let out = Command::new(venv().join("bin/openstack"))
             .args(args)
             .env("OS_AUTH_URL", &self.ks_url)
@@ -123,20 +128,33 @@ impl Stack {
             .env("OS_IDENTITY_API_VERSION", "3")
             .env("OS_REGION_NAME", "RegionOne")
             .output()
-            .expect("openstack");
-        assert!(
-            out.status.success(),
-            "openstack {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).to_string())
+        }
     }
 
+    /// Boots `name` and waits for ACTIVE. A build that ends in ERROR is printed with Nova's
+    /// fault, deleted and tried again (twice at most): the one-host fake cloud sometimes fails a
+    /// build right after another (seen: "Error creating server").
     fn boot(&self, name: &str) -> String {
-        self.openstack(&[
-            "server", "create", "--flavor", "m1.small", "--image", "tiny", "--nic", "none",
-            "--wait", "-f", "value", "-c", "id", name,
-        ])
+        let mut last = String::new();
+        for _ in 0..3 {
+            let args = [
+                "server", "create", "--flavor", "m1.small", "--image", "tiny", "--nic", "none",
+                "--wait", "-f", "value", "-c", "id", name,
+            ];
+            match self.try_openstack(&args) {
+                Ok(id) => return id,
+                Err(e) => last = e,
+            }
+            let fault = self.try_openstack(&["server", "show", "-f", "value", "-c", "fault", name]);
+            eprintln!("boot {name} failed ({last}); fault: {fault:?}; retrying");
+            let _ = self.try_openstack(&["server", "delete", "--wait", name]);
+        }
+        panic!("boot {name}: {last}");
     }
 
     fn wait_status(&self, id: &str, want: Option<&str>) {
