@@ -9,5 +9,7 @@ pub fn providers() -> ccm_cloud::ProviderRegistry {
     #[cfg(feature = "aws")]
     ccm_provider_aws::register(&mut registry).expect("fresh registry");
     ccm_provider_metal::register(&mut registry).expect("fresh registry");
+    #[cfg(feature = "openstack")]
+    ccm_provider_openstack::register(&mut registry).expect("fresh registry");
     registry
 }

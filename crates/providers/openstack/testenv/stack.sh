@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# A real OpenStack on 127.0.0.1 for the tests: Keystone (sqlite), RabbitMQ and MariaDB (Debian),
+# Placement and Glance (sqlite), Neutron (ML2, no agents; MariaDB: its migrations need MySQL),
+# Nova (API, conductor, scheduler, one compute on the fake virt driver; sqlite). Writes
+# $DIR/stack.env, prints READY, and runs until its stdin closes; then stops everything.
+# Usage: stack.sh DIR PORT_BASE VENV   (uses ports PORT_BASE .. PORT_BASE+8)
+set -euo pipefail
+DIR=$1; BASE=$2; VENV=$3
+HERE=$(cd "$(dirname "$0")" && pwd)
+KS_PORT=$BASE; RMQ=$((BASE+1)); RMQ_DIST=$((BASE+2)); EPMD=$((BASE+3)); PL=$((BASE+4))
+GL=$((BASE+5)); NOVA=$((BASE+6)); NET=$((BASE+7)); DB=$((BASE+8))
+KS=http://127.0.0.1:$KS_PORT/v3
+PIDS=()
+cleanup() {
+  for f in "$DIR"/*.gpid; do [ -e "$f" ] && kill "$(cat "$f")" 2>/dev/null; done
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  [ -e "$DIR/mysql.pid" ] && kill "$(cat "$DIR/mysql.pid")" 2>/dev/null
+  RABBITMQ_NODENAME=ccm$BASE@localhost ERL_EPMD_PORT=$EPMD HOME=$DIR/rmq \
+    timeout 20 /usr/lib/rabbitmq/bin/rabbitmqctl -q stop >/dev/null 2>&1 || true
+  [ -n "${EPMD_PID:-}" ] && kill "$EPMD_PID" 2>/dev/null
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+mkdir -p "$DIR/rmq/mnesia" "$DIR/rmq/log" "$DIR/lock" "$DIR/nova" "$DIR/images" "$DIR/logs"
+waitport() { for _ in $(seq 240); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.25; done; echo "port $1 never opened" >&2; return 1; }
+wsgi() { # name port module env...
+  local name=$1 port=$2 module=$3; shift 3
+  printf 'import sys\nsys.argv = sys.argv[:1]\nfrom %s import application  # noqa\n' "$module" > "$DIR/${name}_wsgi.py"
+  env "$@" "$VENV/bin/gunicorn" --chdir "$DIR" -w 1 -b "127.0.0.1:$port" --daemon --pid "$DIR/$name.gpid" \
+    --capture-output --error-logfile "$DIR/logs/$name.log" "${name}_wsgi:application"
+}
+authtoken() {
+  printf '[keystone_authtoken]\nwww_authenticate_uri = %s\nauth_url = %s\nauth_type = password\nproject_name = service\nproject_domain_id = default\nuser_domain_id = default\nusername = %s\npassword = %s-secret\nregion_name = RegionOne\n' "$KS" "$KS" "$1" "$1"
+}
+creds() { # section user
+  printf '[%s]\nauth_type = password\nauth_url = %s\nproject_name = service\nproject_domain_id = default\nuser_domain_id = default\nusername = %s\npassword = %s-secret\nregion_name = RegionOne\n' "$1" "$KS" "$2" "$2"
+}
+
+# Brokers and databases first: they start while Keystone bootstraps.
+/usr/bin/epmd -port "$EPMD" > "$DIR/logs/epmd.log" 2>&1 & EPMD_PID=$!
+echo '[].' > "$DIR/rmq/enabled_plugins"; echo 'loopback_users = none' > "$DIR/rmq/rabbitmq.conf"
+RABBITMQ_NODENAME=ccm$BASE@localhost RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=$RMQ \
+RABBITMQ_DIST_PORT=$RMQ_DIST RABBITMQ_MNESIA_BASE=$DIR/rmq/mnesia RABBITMQ_LOG_BASE=$DIR/rmq/log \
+RABBITMQ_CONFIG_FILE=$DIR/rmq/rabbitmq RABBITMQ_ENABLED_PLUGINS_FILE=$DIR/rmq/enabled_plugins \
+RABBITMQ_ADVANCED_CONFIG_FILE=$DIR/rmq/advanced.config HOME=$DIR/rmq ERL_EPMD_PORT=$EPMD \
+  /usr/lib/rabbitmq/bin/rabbitmq-server > "$DIR/logs/rabbitmq.log" 2>&1 & PIDS+=($!)
+mariadb-install-db --no-defaults --datadir="$DIR/mysql" --user="$(id -un)" --auth-root-authentication-method=normal \
+  --skip-test-db > "$DIR/logs/mariadb-install.log" 2>&1
+mariadbd --no-defaults --datadir="$DIR/mysql" --user="$(id -un)" --bind-address=127.0.0.1 --port="$DB" \
+  --socket="$DIR/mysql.sock" --pid-file="$DIR/mysql.pid" --innodb-flush-log-at-trx-commit=0 \
+  --innodb-buffer-pool-size=32M --skip-log-bin > "$DIR/logs/mariadb.log" 2>&1 & PIDS+=($!)
+
+# Keystone, with the cluster's project, user, application credential and trust.
+bash "$HERE/keystone.sh" "$DIR" "$KS_PORT" "$VENV" 3600
+wsgi ks "$KS_PORT" keystone.wsgi.api OS_KEYSTONE_CONFIG_FILES="$DIR/keystone.conf"
+waitport "$KS_PORT"
+"$VENV/bin/python" "$DIR/populate.py" "$KS" "$DIR/ids.env"
+"$VENV/bin/python" - "$KS" "$PL" "$GL" "$NOVA" "$NET" <<'PY'
+import sys
+from keystoneauth1 import session
+from keystoneauth1.identity import v3
+from keystoneclient.v3 import client
+ks, pl, gl, nova, net = sys.argv[1:]
+c = client.Client(session=session.Session(auth=v3.Password(
+    auth_url=ks, username="admin", password="admin-secret", project_name="admin",
+    user_domain_id="default", project_domain_id="default")))
+admin, svc_role = c.roles.find(name="admin"), c.roles.find(name="service")
+service = c.projects.create("service", "default")
+for name in ("placement", "glance", "nova", "neutron"):
+    u = c.users.create(name, domain="default", password=name + "-secret")
+    c.roles.grant(admin, user=u, project=service)
+    c.roles.grant(svc_role, user=u, project=service)
+for name, typ, url in (("placement", "placement", f"http://127.0.0.1:{pl}"),
+                       ("glance", "image", f"http://127.0.0.1:{gl}"),
+                       ("nova", "compute", f"http://127.0.0.1:{nova}/v2.1"),
+                       ("neutron", "network", f"http://127.0.0.1:{net}")):
+    s = c.services.create(name, type=typ)
+    for iface in ("public", "internal"):
+        c.endpoints.create(s, url, interface=iface, region="RegionOne")
+PY
+
+# Placement and Glance.
+mkdir -p "$DIR/placement" "$DIR/glance"
+{ printf '[placement_database]\nconnection = sqlite:///%s/placement.db\n[api]\nauth_strategy = keystone\n' "$DIR"; authtoken placement; } > "$DIR/placement/placement.conf"
+"$VENV/bin/placement-manage" --config-file "$DIR/placement/placement.conf" db sync > "$DIR/logs/placement-db.log" 2>&1
+wsgi placement "$PL" placement.wsgi.api OS_PLACEMENT_CONFIG_DIR="$DIR/placement"
+{ printf '[DEFAULT]\nenabled_backends = fs:file\n[glance_store]\ndefault_backend = fs\n[fs]\nfilesystem_store_datadir = %s/images\n[database]\nconnection = sqlite:///%s/glance.db\n[paste_deploy]\nflavor = keystone\n[oslo_concurrency]\nlock_path = %s/lock\n' "$DIR" "$DIR" "$DIR"; authtoken glance; } > "$DIR/glance/glance-api.conf"
+cp "$VENV/etc/glance/glance-api-paste.ini" "$DIR/glance/"
+"$VENV/bin/glance-manage" --config-file "$DIR/glance/glance-api.conf" db_sync > "$DIR/logs/glance-db.log" 2>&1
+wsgi glance "$GL" glance.wsgi.api OS_GLANCE_CONFIG_DIR="$DIR/glance"
+
+# Neutron: ML2 without agents (networks, ports, routers as API objects).
+mkdir -p "$DIR/neutron"
+for _ in $(seq 120); do mariadb -uroot -h127.0.0.1 -P"$DB" -e "create database if not exists neutron" 2>/dev/null && break; sleep 0.25; done
+for _ in $(seq 240); do grep -q "completed with" "$DIR/logs/rabbitmq.log" && break; sleep 0.25; done
+TRANSPORT=rabbit://guest:guest@127.0.0.1:$RMQ/
+{ printf '[DEFAULT]\ncore_plugin = ml2\nservice_plugins = router\nauth_strategy = keystone\ntransport_url = %s\nnotify_nova_on_port_status_changes = false\nnotify_nova_on_port_data_changes = false\n[database]\nconnection = mysql+pymysql://root@127.0.0.1:%s/neutron\n[oslo_concurrency]\nlock_path = %s/lock\n' "$TRANSPORT" "$DB" "$DIR"; authtoken neutron; } > "$DIR/neutron/neutron.conf"
+printf '[ml2]\ntype_drivers = flat,vxlan\ntenant_network_types = vxlan\nmechanism_drivers =\nextension_drivers = port_security\n[ml2_type_vxlan]\nvni_ranges = 1:1000\n[ml2_type_flat]\nflat_networks = *\n' > "$DIR/neutron/ml2_conf.ini"
+cp "$VENV/etc/neutron/api-paste.ini" "$DIR/neutron/"
+"$VENV/bin/neutron-db-manage" --config-file "$DIR/neutron/neutron.conf" --config-file "$DIR/neutron/ml2_conf.ini" upgrade head > "$DIR/logs/neutron-db.log" 2>&1
+wsgi neutron "$NET" neutron.wsgi.api OS_NEUTRON_CONFIG_DIR="$DIR/neutron" OS_NEUTRON_CONFIG_FILES="$DIR/neutron/neutron.conf;$DIR/neutron/ml2_conf.ini"
+
+# Nova.
+mkdir -p "$DIR/novaconf"; cp "$VENV/etc/nova/api-paste.ini" "$DIR/novaconf/"
+{ printf '[DEFAULT]\ntransport_url = %s\ncompute_driver = fake.FakeDriver\nstate_path = %s/nova\nhost = ccm-compute-1\nmy_ip = 127.0.0.1\nlog_dir = %s/logs\n[api]\nauth_strategy = keystone\n[api_database]\nconnection = sqlite:///%s/nova_api.db\n[database]\nconnection = sqlite:///%s/nova_cell1.db\n[oslo_concurrency]\nlock_path = %s/lock\n[scheduler]\ndiscover_hosts_in_cells_interval = 2\n[glance]\nregion_name = RegionOne\n' "$TRANSPORT" "$DIR" "$DIR" "$DIR" "$DIR" "$DIR"
+  authtoken nova; creds placement nova; creds neutron neutron; creds service_user nova; echo "send_service_user_token = true"; } > "$DIR/novaconf/nova.conf"
+NM="$VENV/bin/nova-manage --config-file $DIR/novaconf/nova.conf"
+{ $NM api_db sync; $NM cell_v2 map_cell0 --database_connection "sqlite:///$DIR/nova_cell0.db"; $NM cell_v2 create_cell --name cell1; $NM db sync; } > "$DIR/logs/nova-db.log" 2>&1
+wsgi nova "$NOVA" nova.wsgi.osapi_compute OS_NOVA_CONFIG_DIR="$DIR/novaconf"
+for svc in conductor scheduler compute; do
+  "$VENV/bin/nova-$svc" --config-file "$DIR/novaconf/nova.conf" > "$DIR/logs/nova-$svc.out" 2>&1 & PIDS+=($!)
+done
+for p in "$PL" "$GL" "$NET" "$NOVA"; do waitport "$p"; done
+
+# A flavor and an image to boot from (as admin); wait for the compute host to be mapped.
+export OS_AUTH_URL=$KS OS_USERNAME=admin OS_PASSWORD=admin-secret OS_PROJECT_NAME=admin \
+  OS_USER_DOMAIN_ID=default OS_PROJECT_DOMAIN_ID=default OS_IDENTITY_API_VERSION=3 OS_REGION_NAME=RegionOne
+head -c 1024 /dev/zero > "$DIR/image.raw"
+"$VENV/bin/openstack" image create --file "$DIR/image.raw" --disk-format raw --container-format bare --public tiny >/dev/null
+"$VENV/bin/openstack" flavor create --ram 512 --disk 1 --vcpus 1 m1.small >/dev/null
+for _ in $(seq 120); do
+  $NM cell_v2 discover_hosts >/dev/null 2>&1
+  $NM cell_v2 list_hosts 2>/dev/null | grep -q ccm-compute-1 && break
+  sleep 0.5
+done
+cat > "$DIR/stack.env" <<ENV
+OS_AUTH_URL=$KS
+NOVA_URL=http://127.0.0.1:$NOVA/v2.1
+ENV
+echo READY
+cat > /dev/null
