@@ -21,7 +21,7 @@ tag="${1:-localhost/ccm-rs:$version}"
 target="${CARGO_TARGET_DIR:-target}"
 case "$profile" in dev) dir=debug ;; *) dir="$profile" ;; esac
 
-cargo build --profile "$profile" --locked -p ccm --features aws --bin ccm-controller-manager
+cargo build --profile "$profile" --locked -p ccm --features aws,openstack --bin ccm-controller-manager
 rootfs="$(mktemp -d)"
 trap 'rm -rf "$rootfs"' EXIT
 deploy/image/prepare-rootfs.sh "$target/$dir/ccm-controller-manager" "$rootfs/rootfs"
