@@ -6,6 +6,7 @@
 use serde_json::{Value, json};
 
 use crate::resources::{self, RESOURCES};
+use crate::review::Review;
 
 /// The Kubernetes version the simulator claims (matches the k8s-openapi feature of the workspace).
 pub const KUBE_MINOR: &str = "36";
@@ -43,9 +44,29 @@ fn group_entry(g: &str, v: &str) -> Value {
     json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
 }
 
+/// Every group-version under `/apis`: the stored kinds' groups, then the groups of the
+/// create-only reviews (which kubectl's `auth can-i` / `auth whoami` reach through them).
+fn served_groups() -> Vec<(&'static str, &'static str)> {
+    let mut out = resources::groups();
+    for r in Review::ALL {
+        let (g, _) = r.resource();
+        if !out.iter().any(|(gg, _)| *gg == g) {
+            out.push((g, "v1"));
+        }
+    }
+    out
+}
+
+/// Whether `/apis/{group}/{version}` has a resource list.
+pub fn serves(group: &str, version: &str) -> bool {
+    served_groups()
+        .iter()
+        .any(|(g, v)| *g == group && *v == version)
+}
+
 /// `/apis`.
 pub fn api_group_list() -> Value {
-    let groups: Vec<Value> = resources::groups()
+    let groups: Vec<Value> = served_groups()
         .iter()
         .map(|(g, v)| group_entry(g, v))
         .collect();
@@ -54,7 +75,7 @@ pub fn api_group_list() -> Value {
 
 /// `/apis/{group}`.
 pub fn api_group(g: &str) -> Option<Value> {
-    let (g, v) = resources::groups().into_iter().find(|(gg, _)| *gg == g)?;
+    let (g, v) = served_groups().into_iter().find(|(gg, _)| *gg == g)?;
     let mut e = group_entry(g, v);
     e["kind"] = json!("APIGroup");
     e["apiVersion"] = json!("v1");
@@ -102,6 +123,22 @@ pub fn resource_list(group: &str, version: &str) -> Value {
                 "verbs": ["create"],
             }));
         }
+    }
+    if version == "v1" {
+        out.extend(
+            Review::ALL
+                .into_iter()
+                .filter(|r| r.resource().0 == group)
+                .map(|r| {
+                    json!({
+                        "name": r.resource().1,
+                        "singularName": r.kind().to_lowercase(),
+                        "namespaced": false,
+                        "kind": r.kind(),
+                        "verbs": ["create"],
+                    })
+                }),
+        );
     }
     let gv = if group.is_empty() {
         version.to_string()

@@ -475,10 +475,7 @@ impl Shared {
                 };
             }
             ["apis", g, v] => {
-                return if resources::groups()
-                    .iter()
-                    .any(|(gg, vv)| gg == g && vv == v)
-                {
+                return if crate::discovery::serves(g, v) {
                     json_resp(200, &crate::discovery::resource_list(g, v))
                 } else {
                     error_resp(&ApiError::no_route())
@@ -640,7 +637,7 @@ impl Shared {
             .map_or(0, |b| b.len())
     }
 
-    /// TokenReview / SubjectAccessReview: create-only, answered from the tokens and RBAC.
+    /// Token, subject-access and self reviews: create-only, answered from the tokens and RBAC.
     async fn review<B>(
         &self,
         review: crate::review::Review,
@@ -659,16 +656,29 @@ impl Shared {
                     "{plural}.{group} supports only create"
                 )));
             }
-            self.enforce(user, || crate::review::create_attributes(review, user))?;
+            if !review.is_self() {
+                self.enforce(user, || crate::review::create_attributes(review, user))?;
+            }
             let bytes = Limited::new(body, MAX_BODY)
                 .collect()
                 .await
                 .map_err(|_| ApiError::too_large())?
                 .to_bytes();
-            let req = parse_body(&bytes)?;
+            let content_type = parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("application/json");
+            let req = parse_body(&json_body(Verb::Create, bytes, content_type)?)?;
+            let who = crate::review::Requester {
+                user,
+                uid: crate::review::uid_of(&self.store, user),
+                rbac_enforced: self.rbac,
+            };
             crate::review::answer(
                 review,
                 &req,
+                &who,
                 |t| self.tokens.read().get(t).cloned(),
                 |a| self.authorize(a),
             )
