@@ -112,6 +112,17 @@ pub fn resource_list(group: &str, version: &str) -> Value {
                 "verbs": ["get", "patch", "update"],
             }));
         }
+        if r.group == "apps" && matches!(r.plural, "deployments" | "replicasets") {
+            out.push(json!({
+                "name": format!("{}/scale", r.plural),
+                "singularName": "",
+                "namespaced": true,
+                "group": "autoscaling",
+                "version": "v1",
+                "kind": "Scale",
+                "verbs": ["get", "patch", "update"],
+            }));
+        }
         if r.plural == "serviceaccounts" {
             out.push(json!({
                 "name": "serviceaccounts/token",

@@ -12,6 +12,7 @@ mod proto;
 pub mod rbac;
 mod resources;
 mod review;
+mod scale;
 mod selectors;
 mod server;
 mod status;

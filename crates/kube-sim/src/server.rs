@@ -746,6 +746,14 @@ impl Shared {
                 let name = t.name.clone().unwrap_or_default();
                 return self.token_request(&ns, &name, &body);
             }
+            Some("scale") if crate::scale::scalable(t.res) => {
+                let name = t.name.as_deref().unwrap_or_default();
+                let at = (ns.as_str(), name);
+                let dry = dry_run(q)?;
+                let v =
+                    crate::scale::serve(&self.store, verb, t.res, at, &body, content_type, dry)?;
+                return Ok(json_resp(200, &v));
+            }
             Some(_) => return Err(ApiError::no_route()),
         };
         if endpoint == Endpoint::Status && !matches!(verb, Verb::Get | Verb::Update | Verb::Patch) {

@@ -3,126 +3,14 @@
 //!
 //! Fails (never skips) when kubectl is missing. Set `KUBECTL` to use a binary outside `PATH`.
 
-use std::path::PathBuf;
-use std::process::{Output, Stdio};
-use std::time::Duration;
+#[path = "support/kubectl_cli.rs"]
+mod kubectl_cli;
 
 use ccm_kube_sim::{ADMIN_USER, Config, KubeSim};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
-use serde_json::{Value, json};
-use tokio::process::Command;
-
-const SOON: Duration = Duration::from_secs(120);
-
-fn kubectl_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("KUBECTL") {
-        return PathBuf::from(p);
-    }
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default()
-        .into_iter()
-        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/local/bin")])
-        .map(|d| d.join("kubectl"))
-        .find(|c| c.is_file())
-        .expect("kubectl not found in PATH, /usr/bin or $KUBECTL: these tests need it")
-}
-
-/// kubectl with its own kubeconfig (the admin's) and, for another user, `--token`.
-struct Kubectl {
-    bin: PathBuf,
-    dir: PathBuf,
-    token: Option<String>,
-}
-
-impl Kubectl {
-    fn new(sim: &KubeSim, name: &str, token: Option<String>) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "kube-sim-kubectl-auth-{}-{name}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        sim.write_kubeconfig(&dir.join("kubeconfig"))
-            .expect("kubeconfig");
-        Self {
-            bin: kubectl_path(),
-            dir,
-            token,
-        }
-    }
-
-    async fn run(&self, args: &[&str]) -> Output {
-        let mut c = Command::new(&self.bin);
-        c.args(args)
-            .env("KUBECONFIG", self.dir.join("kubeconfig"))
-            .env("HOME", &self.dir)
-            .arg(format!("--cache-dir={}", self.dir.join("cache").display()))
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        if let Some(t) = &self.token {
-            c.arg(format!("--token={t}"));
-        }
-        tokio::time::timeout(SOON, c.output())
-            .await
-            .unwrap_or_else(|_| panic!("kubectl {args:?} timed out"))
-            .expect("running kubectl")
-    }
-
-    /// `(exit code, stdout)`; stderr goes into the panic message of a failed assertion.
-    async fn can_i(&self, verb: &str, resource: &str) -> (i32, String) {
-        let out = self.run(&["auth", "can-i", verb, resource]).await;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        // kubectl itself warns that a cluster-scoped resource ignores the context's namespace.
-        assert!(
-            stderr
-                .lines()
-                .all(|l| l.is_empty() || l.starts_with("Warning:")),
-            "kubectl auth can-i {verb} {resource}: {stderr}"
-        );
-        (out.status.code().unwrap_or(-1), stdout)
-    }
-
-    async fn whoami(&self) -> Value {
-        let out = self.run(&["auth", "whoami", "-o", "json"]).await;
-        assert!(
-            out.status.success(),
-            "kubectl auth whoami: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("whoami -o json")
-    }
-
-    async fn stdout(&self, args: &[&str]) -> String {
-        let out = self.run(args).await;
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Kubectl {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-async fn post(sim: &KubeSim, url: &str, body: Value) {
-    let req = http::Request::post(url)
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&body).expect("json"))
-        .expect("request");
-    sim.client()
-        .expect("admin")
-        .request::<Value>(req)
-        .await
-        .unwrap_or_else(|e| panic!("creating {body}: {e}"));
-}
+use kubectl_cli::{Kubectl, post};
+use serde_json::json;
 
 /// RBAC on; service account `default/viewer` may read Nodes and nothing else.
 async fn setup() -> (KubeSim, ServiceAccount) {
