@@ -33,10 +33,12 @@
 //! | `RegisterCloudProvider` (global, fatal on duplicate) | [`ProviderRegistry::register`] (a value; error on duplicate) |
 
 mod error;
+pub mod gcfg;
 mod metering;
 mod provider;
 mod ratelimit;
 mod registry;
+pub mod tls;
 mod types;
 mod volume;
 pub mod webhook;

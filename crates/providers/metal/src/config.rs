@@ -592,7 +592,7 @@ fn check_bmc(i: usize, bmc: &BmcConfig) -> Result<(), ConfigError> {
         ));
     }
     if let Some(ca) = &bmc.ca_file {
-        crate::tls::client_config(Some(ca), false)
+        ccm_cloud::tls::client_config("ca_file", Some(ca), false)
             .map_err(|e| ConfigError::field(format!("machines[{i}].bmc.ca_file"), e))?;
     }
     if let Some(secret) = &bmc.credentials_secret {

@@ -29,7 +29,6 @@ pub mod netlink;
 mod provider;
 pub mod redfish;
 mod routes;
-mod tls;
 
 pub use config::MetalConfig;
 pub use lb::adoption_order;

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use ccm_cloud::{CloudConfig, ConfigError};
 
-use crate::ini::{self, Entry, Section};
 use crate::secret::Secret;
+use ccm_cloud::gcfg::{self as ini, Entry, Section};
 
 /// How this provider treats a cloud-config key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -49,7 +49,7 @@ pub struct Http {
 impl Http {
     /// A client trusting the system roots, or `ca_file`, or nothing (`insecure`).
     pub fn new(ca_file: Option<&Path>, insecure: bool, timeout: Duration) -> Result<Self, String> {
-        let tls = crate::tls::client_config(ca_file, insecure)?;
+        let tls = ccm_cloud::tls::client_config("ca-file", ca_file, insecure)?;
         let mut http = HttpConnector::new();
         http.set_connect_timeout(Some(timeout.min(Duration::from_secs(10))));
         http.enforce_http(false);

@@ -20,12 +20,10 @@ mod cloud;
 mod clouds;
 pub mod config;
 pub mod http;
-mod ini;
 mod instances;
 pub mod keystone;
 mod nova;
 mod secret;
-mod tls;
 
 pub use cloud::{OpenStackCloud, PROVIDER_NAME, REGIONAL_PROVIDER_ID_ENV, register};
 pub use config::{KeyStatus, OpenStackConfig};

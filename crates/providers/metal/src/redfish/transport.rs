@@ -103,7 +103,7 @@ impl Transport {
             return Ok(c.clone());
         }
         let ca = bmc.ca_file.as_deref().map(|p| (p, pem.as_slice()));
-        let tls = crate::tls::client_config_pem(ca, bmc.insecure_skip_verify)?;
+        let tls = ccm_cloud::tls::client_config_pem("ca_file", ca, bmc.insecure_skip_verify)?;
         let mut http = HttpConnector::new();
         http.set_connect_timeout(Some(self.connect_timeout));
         http.enforce_http(false);

@@ -1,13 +1,15 @@
-//! The INI dialect of upstream's cloud-config (Go's gcfg): `[Section]` and
+//! The INI dialect of upstream providers' cloud-configs (Go's gcfg, read by
+//! cloud-provider-aws, cloud-provider-openstack and others): `[Section]` and
 //! `[Section "subsection"]` headers, `Name = value` lines, `;` and `#` comments, values
 //! optionally in double quotes with `\"`, `\\`, `\n`, `\t` escapes, a bare `Name` meaning
 //! `true`. Section and key names compare case-insensitively. Every entry keeps its line number
 //! so errors can point at it.
 //!
-//! Hand-written rather than a general INI crate: gcfg's subsection headers
-//! (`[LoadBalancerClass "name"]`), repeated keys for lists (`public-network-name`) and
-//! line-numbered errors are what this file format needs; the common INI crates treat subsection
-//! headers as plain section names and drop line numbers. The same dialect as the AWS provider's.
+//! In the framework because a drop-in provider must read the operator's existing cloud-config
+//! file unchanged, and every such provider then reports a bad line the same way. Hand-written
+//! rather than a general INI crate: gcfg's subsection headers (`[LoadBalancerClass "name"]`),
+//! repeated keys for lists and line-numbered errors are what this format needs; the common INI
+//! crates treat subsection headers as plain section names and drop line numbers.
 
 /// One `Name = value` line.
 #[derive(Debug, Clone, PartialEq, Eq)]

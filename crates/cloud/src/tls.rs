@@ -1,5 +1,7 @@
-//! TLS to Keystone and the catalog's endpoints: the system's roots, `ca-file`, or — only when
-//! the operator sets `tls-insecure = true`, as upstream — no certificate verification.
+//! TLS client configs for providers that call HTTPS endpoints themselves (BMCs, Keystone and
+//! its catalog): the system's roots, a CA file, or — only when the operator says so — no
+//! certificate verification. One implementation, so every provider's `ca-file` and "insecure"
+//! settings mean the same, and errors name the provider's own config key.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,21 +12,27 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-/// A client config, reading `ca_file` now.
-pub fn client_config(ca_file: Option<&Path>, insecure: bool) -> Result<ClientConfig, String> {
+/// A client config reading `ca_file` now; `key` is the provider's name for that setting
+/// (`ca_file`, `ca-file`), used in errors.
+pub fn client_config(
+    key: &str,
+    ca_file: Option<&Path>,
+    insecure: bool,
+) -> Result<ClientConfig, String> {
     match ca_file {
         Some(path) => {
             let pem = std::fs::read(path)
-                .map_err(|e| format!("ca-file {}: cannot read it: {e}", path.display()))?;
-            client_config_pem(Some((path, &pem)), insecure)
+                .map_err(|e| format!("{key} {}: cannot read it: {e}", path.display()))?;
+            client_config_pem(key, Some((path, &pem)), insecure)
         }
-        None => client_config_pem(None, insecure),
+        None => client_config_pem(key, None, insecure),
     }
 }
 
 /// A client config trusting the PEM certificates `ca` (its file name, its contents): the
 /// caller re-reads the file and builds a new config when the contents change (a rotated CA).
 pub fn client_config_pem(
+    key: &str,
     ca: Option<(&Path, &[u8])>,
     insecure: bool,
 ) -> Result<ClientConfig, String> {
@@ -46,7 +54,7 @@ pub fn client_config_pem(
             .map_err(|e| format!("loading the system's CA certificates: {e}"));
     };
     let mut roots = RootCertStore::empty();
-    let bad = |e: &dyn std::fmt::Display| format!("ca-file {}: {e}", path.display());
+    let bad = |e: &dyn std::fmt::Display| format!("{key} {}: {e}", path.display());
     for cert in CertificateDer::pem_slice_iter(pem) {
         roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
     }
@@ -57,7 +65,8 @@ pub fn client_config_pem(
 }
 
 /// Accepts any certificate but still checks the handshake signatures, so the connection is
-/// encrypted to *someone*; only with `tls-insecure = true`.
+/// encrypted to *someone*; only for endpoints with self-signed certificates, on a trusted network, when the operator
+/// asks for it.
 #[derive(Debug)]
 struct NoVerification(Arc<CryptoProvider>);
 
