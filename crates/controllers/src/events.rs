@@ -7,7 +7,8 @@
 //! correlator does) instead of a new object.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -15,7 +16,12 @@ use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::time::Instant;
 
 /// `Normal` or `Warning`, as Kubernetes spells them.
@@ -38,8 +44,97 @@ impl EventType {
 
 /// How long a repeated event is folded into the first one.
 const DEDUP_WINDOW: Duration = Duration::from_secs(600);
-/// Bound on queued events; past it events are dropped (and logged) rather than blocking.
-const QUEUE_CAPACITY: usize = 4096;
+/// Bound on queued events; past it events are dropped (counted, and summarised in the log)
+/// rather than blocking.
+pub const QUEUE_CAPACITY: usize = 4096;
+/// How often a recorder that drops Events says so in the log: one line per interval, however
+/// many Events it dropped.
+pub const DROP_SUMMARY_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Labels of `ccm_events_dropped_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DropLabels {
+    /// The recorder's `source.component`.
+    component: String,
+    /// `queue_full` (the writer is behind), `writer_stopped` (its task ended) or
+    /// `write_failed` (the API server refused or did not answer the write).
+    reason: &'static str,
+}
+
+/// Events that never reached the API server, for every recorder of the process. Process-wide
+/// because recorders are made wherever a controller needs one; the manager registers it once.
+static DROPPED: LazyLock<Family<DropLabels, Counter>> = LazyLock::new(Family::default);
+
+/// Registers `ccm_events_dropped_total{component,reason}` (client-go has no such metric: it logs
+/// each dropped Event). Call once per registry.
+pub fn register_metrics(registry: &mut Registry) {
+    registry.register(
+        "ccm_events_dropped",
+        "Events recorded but never written to the API server, by recorder and reason",
+        DROPPED.clone(),
+    );
+}
+
+fn count_drop(component: &str, reason: &'static str) {
+    DROPPED
+        .get_or_create(&DropLabels {
+            component: component.to_string(),
+            reason,
+        })
+        .inc();
+}
+
+/// Queue-full drops not yet logged, and whether a task is due to log them.
+///
+/// The first drop of a quiet spell arms one task; it logs the count at the end of each
+/// interval and ends after an interval without drops. Nothing runs while no Event is dropped.
+#[derive(Default)]
+struct DropLog {
+    pending: AtomicU64,
+    armed: AtomicBool,
+}
+
+impl DropLog {
+    fn dropped(self: &Arc<Self>, component: &Arc<str>) {
+        count_drop(component, "queue_full");
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        if self.armed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(self.clone().report(component.clone()));
+            }
+            Err(_) => {
+                self.armed.store(false, Ordering::Release);
+                tracing::warn!(component = %component, "event queue full; dropping event");
+            }
+        }
+    }
+
+    async fn report(self: Arc<Self>, component: Arc<str>) {
+        loop {
+            tokio::time::sleep(DROP_SUMMARY_INTERVAL).await;
+            let n = self.pending.swap(0, Ordering::AcqRel);
+            if n > 0 {
+                tracing::warn!(
+                    component = %component,
+                    dropped = n,
+                    "dropped {n} events in the last {}s (queue full)",
+                    DROP_SUMMARY_INTERVAL.as_secs()
+                );
+                continue;
+            }
+            self.armed.store(false, Ordering::Release);
+            // A drop between the swap and the store saw `armed` still set and spawned nothing:
+            // keep reporting for it unless a new task took over.
+            if self.pending.load(Ordering::Acquire) == 0 || self.armed.swap(true, Ordering::AcqRel)
+            {
+                return;
+            }
+        }
+    }
+}
 
 struct Pending {
     reference: ObjectReference,
@@ -53,6 +148,7 @@ struct Pending {
 pub struct Recorder {
     tx: Option<mpsc::Sender<Pending>>,
     component: Arc<str>,
+    drops: Arc<DropLog>,
 }
 
 impl Recorder {
@@ -65,6 +161,7 @@ impl Recorder {
         Recorder {
             tx: Some(tx),
             component,
+            drops: Arc::default(),
         }
     }
 
@@ -73,10 +170,12 @@ impl Recorder {
         Recorder {
             tx: None,
             component: Arc::from(component),
+            drops: Arc::default(),
         }
     }
 
-    /// Records an event about `obj`. Never blocks; drops the event if the writer is far behind.
+    /// Records an event about `obj`. Never blocks; drops the event if the writer is far behind
+    /// (counted in `ccm_events_dropped_total`, logged once per [`DROP_SUMMARY_INTERVAL`]).
     pub fn publish<K: Resource<DynamicType = ()>>(
         &self,
         obj: &K,
@@ -95,16 +194,16 @@ impl Recorder {
         }
         let Some(tx) = &self.tx else { return };
         let reference = object_reference(obj);
-        if tx
-            .try_send(Pending {
-                reference,
-                type_,
-                reason: reason.to_string(),
-                message,
-            })
-            .is_err()
-        {
-            tracing::warn!(component = %self.component, "event queue full; dropping event");
+        let sent = tx.try_send(Pending {
+            reference,
+            type_,
+            reason: reason.to_string(),
+            message,
+        });
+        match sent {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => self.drops.dropped(&self.component),
+            Err(TrySendError::Closed(_)) => count_drop(&self.component, "writer_stopped"),
         }
     }
 }
@@ -257,7 +356,10 @@ async fn writer(client: kube::Client, component: Arc<str>, mut rx: mpsc::Receive
         };
         match api.create(&PostParams::default(), &event).await {
             Ok(_) => seen.record(key, name, 1, Instant::now()),
-            Err(e) => tracing::warn!(error = %e, "could not write event"),
+            Err(e) => {
+                count_drop(&component, "write_failed");
+                tracing::warn!(component = %component, error = %e, "could not write event");
+            }
         }
     }
 }
