@@ -75,6 +75,20 @@ pub fn register_metrics(registry: &mut Registry) {
     );
 }
 
+/// Why an Event was dropped, as the `reason` label says it.
+const DROP_REASONS: [&str; 3] = ["queue_full", "writer_stopped", "write_failed"];
+
+/// Creates a recorder's series at 0, so the first drop shows in `rate()`/`increase()` (a
+/// counter born at 1 hides its first increase from them).
+fn init_drop_series(component: &str) {
+    for reason in DROP_REASONS {
+        drop(DROPPED.get_or_create(&DropLabels {
+            component: component.to_string(),
+            reason,
+        }));
+    }
+}
+
 fn count_drop(component: &str, reason: &'static str) {
     DROPPED
         .get_or_create(&DropLabels {
@@ -157,6 +171,7 @@ impl Recorder {
     pub fn new(client: kube::Client, component: &str) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let component: Arc<str> = Arc::from(component);
+        init_drop_series(&component);
         tokio::spawn(writer(client, component.clone(), rx));
         Recorder {
             tx: Some(tx),

@@ -104,7 +104,8 @@ fn dropped_total(component: &str) -> u64 {
         format!("ccm_events_dropped_total{{component=\"{component}\",reason=\"queue_full\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&series))
-        .map_or(0, |v| v.parse().expect("counter value"))
+        .map(|v| v.parse().expect("counter value"))
+        .expect("the recorder's queue_full series is scraped")
 }
 
 /// A stalled API server (every request answered after an hour) fills the recorder's queue: the
@@ -131,6 +132,11 @@ async fn events_dropped_under_a_stalled_api_are_counted_and_summarised() {
     .expect("kube-sim");
     let component = "stalled-api-test";
     let recorder = Recorder::new(sim.client().expect("client"), component);
+    assert_eq!(
+        dropped_total(component),
+        0,
+        "the series exists from the start"
+    );
     let n = node("a");
     let publish = |count: usize| {
         for i in 0..count {
@@ -148,12 +154,15 @@ async fn events_dropped_under_a_stalled_api_are_counted_and_summarised() {
     tokio::time::sleep(DROP_SUMMARY_INTERVAL).await;
     publish(20);
     tokio::time::sleep(DROP_SUMMARY_INTERVAL * 3).await;
+    // A new spell of drops after a quiet one is reported again.
+    publish(5);
+    tokio::time::sleep(DROP_SUMMARY_INTERVAL * 2).await;
 
-    assert_eq!(dropped_total(component), 199, "every dropped Event counted");
+    assert_eq!(dropped_total(component), 204, "every dropped Event counted");
     let lines = log.drop_lines();
     assert_eq!(
         lines.len(),
-        2,
+        3,
         "one summary per interval with drops, none once they stop: {lines:#?}"
     );
     assert!(
@@ -161,5 +170,6 @@ async fn events_dropped_under_a_stalled_api_are_counted_and_summarised() {
         "{lines:#?}"
     );
     assert!(lines[1].contains("dropped 20 events"), "{lines:#?}");
+    assert!(lines[2].contains("dropped 5 events"), "{lines:#?}");
     assert!(lines.iter().all(|l| l.contains(component)), "{lines:#?}");
 }
