@@ -47,8 +47,8 @@ const DEDUP_WINDOW: Duration = Duration::from_secs(600);
 /// Bound on queued events; past it events are dropped (counted, and summarised in the log)
 /// rather than blocking.
 pub const QUEUE_CAPACITY: usize = 4096;
-/// How often a recorder that drops Events says so in the log: one line per interval, however
-/// many Events it dropped.
+/// How often a recorder that drops Events says so in the log: one line per interval and cause
+/// (queue full, write failed), however many Events it dropped.
 pub const DROP_SUMMARY_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Labels of `ccm_events_dropped_total`.
@@ -98,19 +98,58 @@ fn count_drop(component: &str, reason: &'static str) {
         .inc();
 }
 
-/// Queue-full drops not yet logged, and whether a task is due to log them.
+/// Why a summarised drop happened: its `reason` label and its words in the log.
+#[derive(Clone, Copy)]
+enum Cause {
+    /// The writer is behind: the queue is full.
+    QueueFull,
+    /// The API server refused the write or did not answer.
+    WriteFailed,
+}
+
+impl Cause {
+    fn reason(self) -> &'static str {
+        match self {
+            Cause::QueueFull => "queue_full",
+            Cause::WriteFailed => "write_failed",
+        }
+    }
+
+    fn words(self) -> &'static str {
+        match self {
+            Cause::QueueFull => "queue full",
+            Cause::WriteFailed => "write failed",
+        }
+    }
+}
+
+/// Drops of one cause not yet logged, and whether a task is due to log them.
 ///
 /// The first drop of a quiet spell arms one task; it logs the count at the end of each
 /// interval and ends after an interval without drops. Nothing runs while no Event is dropped.
-#[derive(Default)]
 struct DropLog {
+    cause: Cause,
     pending: AtomicU64,
     armed: AtomicBool,
+    /// The latest write error, shown in the summary (a storm of 429s says so once).
+    last_error: parking_lot::Mutex<Option<String>>,
 }
 
 impl DropLog {
-    fn dropped(self: &Arc<Self>, component: &Arc<str>) {
-        count_drop(component, "queue_full");
+    fn new(cause: Cause) -> Arc<Self> {
+        Arc::new(DropLog {
+            cause,
+            pending: AtomicU64::new(0),
+            armed: AtomicBool::new(false),
+            last_error: parking_lot::Mutex::new(None),
+        })
+    }
+
+    fn dropped(self: &Arc<Self>, component: &Arc<str>, error: Option<String>) {
+        count_drop(component, self.cause.reason());
+        if error.is_some() {
+            *self.last_error.lock() = error;
+        }
         self.pending.fetch_add(1, Ordering::Relaxed);
         if self.armed.swap(true, Ordering::AcqRel) {
             return;
@@ -121,7 +160,8 @@ impl DropLog {
             }
             Err(_) => {
                 self.armed.store(false, Ordering::Release);
-                tracing::warn!(component = %component, "event queue full; dropping event");
+                let n = self.pending.swap(0, Ordering::AcqRel);
+                tracing::warn!(component = %component, "dropped {n} events ({})", self.cause.words());
             }
         }
     }
@@ -131,11 +171,14 @@ impl DropLog {
             tokio::time::sleep(DROP_SUMMARY_INTERVAL).await;
             let n = self.pending.swap(0, Ordering::AcqRel);
             if n > 0 {
+                let error = self.last_error.lock().take().unwrap_or_default();
                 tracing::warn!(
                     component = %component,
                     dropped = n,
-                    "dropped {n} events in the last {}s (queue full)",
-                    DROP_SUMMARY_INTERVAL.as_secs()
+                    error,
+                    "dropped {n} events in the last {}s ({})",
+                    DROP_SUMMARY_INTERVAL.as_secs(),
+                    self.cause.words()
                 );
                 continue;
             }
@@ -176,7 +219,7 @@ impl Recorder {
         Recorder {
             tx: Some(tx),
             component,
-            drops: Arc::default(),
+            drops: DropLog::new(Cause::QueueFull),
         }
     }
 
@@ -185,7 +228,7 @@ impl Recorder {
         Recorder {
             tx: None,
             component: Arc::from(component),
-            drops: Arc::default(),
+            drops: DropLog::new(Cause::QueueFull),
         }
     }
 
@@ -217,7 +260,7 @@ impl Recorder {
         });
         match sent {
             Ok(()) => {}
-            Err(TrySendError::Full(_)) => self.drops.dropped(&self.component),
+            Err(TrySendError::Full(_)) => self.drops.dropped(&self.component, None),
             Err(TrySendError::Closed(_)) => count_drop(&self.component, "writer_stopped"),
         }
     }
@@ -309,6 +352,7 @@ impl Dedup {
 async fn writer(client: kube::Client, component: Arc<str>, mut rx: mpsc::Receiver<Pending>) {
     let mut seen = Dedup::default();
     let mut seq: u64 = 0;
+    let failed = DropLog::new(Cause::WriteFailed);
     while let Some(p) = rx.recv().await {
         let namespace = p
             .reference
@@ -371,10 +415,7 @@ async fn writer(client: kube::Client, component: Arc<str>, mut rx: mpsc::Receive
         };
         match api.create(&PostParams::default(), &event).await {
             Ok(_) => seen.record(key, name, 1, Instant::now()),
-            Err(e) => {
-                count_drop(&component, "write_failed");
-                tracing::warn!(component = %component, error = %e, "could not write event");
-            }
+            Err(e) => failed.dropped(&component, Some(e.to_string())),
         }
     }
 }
