@@ -52,7 +52,7 @@ fn the_rules_pass_promtool_check_and_their_unit_tests() {
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("SUCCESS: 8 rules found"), "{text}");
+    assert!(text.contains("SUCCESS: 9 rules found"), "{text}");
     let out = Command::new(promtool())
         .args(["test", "rules"])
         .arg(workspace().join("deploy/monitoring/rules_test.yaml"))

@@ -7,7 +7,8 @@
 //! correlator does) instead of a new object.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -15,7 +16,12 @@ use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::time::Instant;
 
 /// `Normal` or `Warning`, as Kubernetes spells them.
@@ -38,8 +44,154 @@ impl EventType {
 
 /// How long a repeated event is folded into the first one.
 const DEDUP_WINDOW: Duration = Duration::from_secs(600);
-/// Bound on queued events; past it events are dropped (and logged) rather than blocking.
-const QUEUE_CAPACITY: usize = 4096;
+/// Bound on queued events; past it events are dropped (counted, and summarised in the log)
+/// rather than blocking.
+pub const QUEUE_CAPACITY: usize = 4096;
+/// How often a recorder that drops Events says so in the log: one line per interval and cause
+/// (queue full, write failed), however many Events it dropped.
+pub const DROP_SUMMARY_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Labels of `ccm_events_dropped_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DropLabels {
+    /// The recorder's `source.component`.
+    component: String,
+    /// `queue_full` (the writer is behind), `writer_stopped` (its task ended) or
+    /// `write_failed` (the API server refused or did not answer the write).
+    reason: &'static str,
+}
+
+/// Events that never reached the API server, for every recorder of the process. Process-wide
+/// because recorders are made wherever a controller needs one; the manager registers it once.
+static DROPPED: LazyLock<Family<DropLabels, Counter>> = LazyLock::new(Family::default);
+
+/// Registers `ccm_events_dropped_total{component,reason}` (client-go has no such metric: it logs
+/// each dropped Event). Call once per registry.
+pub fn register_metrics(registry: &mut Registry) {
+    registry.register(
+        "ccm_events_dropped",
+        "Events recorded but never written to the API server, by recorder and reason",
+        DROPPED.clone(),
+    );
+}
+
+/// Why an Event was dropped, as the `reason` label says it.
+const DROP_REASONS: [&str; 3] = ["queue_full", "writer_stopped", "write_failed"];
+
+/// Creates a recorder's series at 0, so the first drop shows in `rate()`/`increase()` (a
+/// counter born at 1 hides its first increase from them).
+fn init_drop_series(component: &str) {
+    for reason in DROP_REASONS {
+        drop(DROPPED.get_or_create(&DropLabels {
+            component: component.to_string(),
+            reason,
+        }));
+    }
+}
+
+fn count_drop(component: &str, reason: &'static str) {
+    DROPPED
+        .get_or_create(&DropLabels {
+            component: component.to_string(),
+            reason,
+        })
+        .inc();
+}
+
+/// Why a summarised drop happened: its `reason` label and its words in the log.
+#[derive(Clone, Copy)]
+enum Cause {
+    /// The writer is behind: the queue is full.
+    QueueFull,
+    /// The API server refused the write or did not answer.
+    WriteFailed,
+}
+
+impl Cause {
+    fn reason(self) -> &'static str {
+        match self {
+            Cause::QueueFull => "queue_full",
+            Cause::WriteFailed => "write_failed",
+        }
+    }
+
+    fn words(self) -> &'static str {
+        match self {
+            Cause::QueueFull => "queue full",
+            Cause::WriteFailed => "write failed",
+        }
+    }
+}
+
+/// Drops of one cause not yet logged, and whether a task is due to log them.
+///
+/// The first drop of a quiet spell arms one task; it logs the count at the end of each
+/// interval and ends after an interval without drops. Nothing runs while no Event is dropped.
+struct DropLog {
+    cause: Cause,
+    pending: AtomicU64,
+    armed: AtomicBool,
+    /// The latest write error, shown in the summary (a storm of 429s says so once).
+    last_error: parking_lot::Mutex<Option<String>>,
+}
+
+impl DropLog {
+    fn new(cause: Cause) -> Arc<Self> {
+        Arc::new(DropLog {
+            cause,
+            pending: AtomicU64::new(0),
+            armed: AtomicBool::new(false),
+            last_error: parking_lot::Mutex::new(None),
+        })
+    }
+
+    fn dropped(self: &Arc<Self>, component: &Arc<str>, error: Option<String>) {
+        count_drop(component, self.cause.reason());
+        if error.is_some() {
+            *self.last_error.lock() = error;
+        }
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        if self.armed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(self.clone().report(component.clone()));
+            }
+            Err(_) => {
+                self.armed.store(false, Ordering::Release);
+                let n = self.pending.swap(0, Ordering::AcqRel);
+                tracing::warn!(component = %component, "dropped {n} events ({})", self.cause.words());
+            }
+        }
+    }
+
+    async fn report(self: Arc<Self>, component: Arc<str>) {
+        loop {
+            tokio::time::sleep(DROP_SUMMARY_INTERVAL).await;
+            let n = self.pending.swap(0, Ordering::AcqRel);
+            if n > 0 {
+                let error = self.last_error.lock().take().unwrap_or_default();
+                tracing::warn!(
+                    component = %component,
+                    dropped = n,
+                    error,
+                    "dropped {n} events in the last {}s ({})",
+                    DROP_SUMMARY_INTERVAL.as_secs(),
+                    self.cause.words()
+                );
+                continue;
+            }
+            self.armed.store(false, Ordering::Release);
+            // A drop between the swap and the store saw `armed` still set and spawned nothing:
+            // keep reporting for it unless a new task took over.
+            if self.pending.load(Ordering::Acquire) == 0 || self.armed.swap(true, Ordering::AcqRel)
+            {
+                return;
+            }
+        }
+    }
+}
 
 struct Pending {
     reference: ObjectReference,
@@ -53,6 +205,7 @@ struct Pending {
 pub struct Recorder {
     tx: Option<mpsc::Sender<Pending>>,
     component: Arc<str>,
+    drops: Arc<DropLog>,
 }
 
 impl Recorder {
@@ -61,10 +214,12 @@ impl Recorder {
     pub fn new(client: kube::Client, component: &str) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let component: Arc<str> = Arc::from(component);
+        init_drop_series(&component);
         tokio::spawn(writer(client, component.clone(), rx));
         Recorder {
             tx: Some(tx),
             component,
+            drops: DropLog::new(Cause::QueueFull),
         }
     }
 
@@ -73,10 +228,12 @@ impl Recorder {
         Recorder {
             tx: None,
             component: Arc::from(component),
+            drops: DropLog::new(Cause::QueueFull),
         }
     }
 
-    /// Records an event about `obj`. Never blocks; drops the event if the writer is far behind.
+    /// Records an event about `obj`. Never blocks; drops the event if the writer is far behind
+    /// (counted in `ccm_events_dropped_total`, logged once per [`DROP_SUMMARY_INTERVAL`]).
     pub fn publish<K: Resource<DynamicType = ()>>(
         &self,
         obj: &K,
@@ -95,16 +252,16 @@ impl Recorder {
         }
         let Some(tx) = &self.tx else { return };
         let reference = object_reference(obj);
-        if tx
-            .try_send(Pending {
-                reference,
-                type_,
-                reason: reason.to_string(),
-                message,
-            })
-            .is_err()
-        {
-            tracing::warn!(component = %self.component, "event queue full; dropping event");
+        let sent = tx.try_send(Pending {
+            reference,
+            type_,
+            reason: reason.to_string(),
+            message,
+        });
+        match sent {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => self.drops.dropped(&self.component, None),
+            Err(TrySendError::Closed(_)) => count_drop(&self.component, "writer_stopped"),
         }
     }
 }
@@ -195,6 +352,7 @@ impl Dedup {
 async fn writer(client: kube::Client, component: Arc<str>, mut rx: mpsc::Receiver<Pending>) {
     let mut seen = Dedup::default();
     let mut seq: u64 = 0;
+    let failed = DropLog::new(Cause::WriteFailed);
     while let Some(p) = rx.recv().await {
         let namespace = p
             .reference
@@ -257,7 +415,7 @@ async fn writer(client: kube::Client, component: Arc<str>, mut rx: mpsc::Receive
         };
         match api.create(&PostParams::default(), &event).await {
             Ok(_) => seen.record(key, name, 1, Instant::now()),
-            Err(e) => tracing::warn!(error = %e, "could not write event"),
+            Err(e) => failed.dropped(&component, Some(e.to_string())),
         }
     }
 }

@@ -102,6 +102,8 @@ impl Default for Runtime {
         let mut registry = Registry::default();
         let cloud_metrics = CloudMetrics::new(&mut registry);
         let rest_metrics = RestClientMetrics::new(&mut registry);
+        // Process-wide: the leader-election recorder drops Events too, before any controller runs.
+        ccm_controllers::events::register_metrics(&mut registry);
         registry.register_collector(Box::new(ProcessCollector));
         Runtime {
             registry: Arc::new(RwLock::new(registry)),
