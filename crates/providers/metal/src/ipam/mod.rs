@@ -376,11 +376,7 @@ impl Allocator {
             Err(e) => {
                 // A refused request (its address held, for now) keeps its claim: when the
                 // address frees, auto-assignment does not hand it to someone else first.
-                if req.current.is_empty() {
-                    for &ip in &req.ips {
-                        self.reserved.entry(ip).or_insert_with(|| req.key.clone());
-                    }
-                }
+                self.reserve(req);
                 return Err(e);
             }
         };
@@ -416,10 +412,15 @@ impl Allocator {
     /// Remembers the addresses that Services without any yet have requested (the restart
     /// path, after every [`Allocator::adopt`]): auto-assignment never hands them to another
     /// Service, so a request is not lost to whoever is processed first (MetalLB #1984).
+    ///
+    /// Only an address a pool may give this Service is kept for it: a request no pool would
+    /// grant (another namespace's pool, outside every pool) must not block anyone.
     pub fn reserve(&mut self, req: &Request) {
         if req.current.is_empty() {
             for &ip in &req.ips {
-                self.reserved.entry(ip).or_insert_with(|| req.key.clone());
+                if self.may_hold(req, ip) {
+                    self.reserved.entry(ip).or_insert_with(|| req.key.clone());
+                }
             }
         }
     }
@@ -632,9 +633,12 @@ impl Allocator {
         }
         if req.sharing_key.is_some() {
             // Join a Service with the same key first, as MetalLB does.
+            // An address another Service waits for is not joined either: once its holders
+            // let it go, it is the waiting Service's.
             let shared = self.by_ip.keys().copied().find(|&ip| {
                 Family::of(ip) == family
                     && pools.iter().any(|p| p.contains(ip))
+                    && self.reserved.get(&ip).is_none_or(|k| k == &req.key)
                     && self.check_shareable(ip, req).is_ok()
             });
             if let Some(ip) = shared {

@@ -695,11 +695,16 @@ impl Model {
             self.alloc.reserve(&r);
             if r.current.is_empty() {
                 // Only free addresses are kept for it; a held one is the holder's to share.
-                for ip in r
-                    .ips
-                    .into_iter()
-                    .filter(|ip| self.alloc.pool_of(*ip).is_some())
-                {
+                let pools = self.alloc.pools();
+                let grantable = |ip: &IpAddr| {
+                    pools.iter().any(|p| {
+                        p.contains(*ip)
+                            && p.allows(&r)
+                            && r.pool.as_ref().is_none_or(|name| name == &p.name)
+                    })
+                };
+                let asked: Vec<IpAddr> = r.ips.iter().copied().filter(grantable).collect();
+                for ip in asked {
                     if !self.cluster.values().any(|s| s.status.contains(&ip)) {
                         self.reserved.entry(ip).or_insert(i);
                     }
@@ -887,4 +892,43 @@ proptest! {
             m.ensure(i, true)?;
         }
     }
+}
+
+#[test]
+fn a_reservation_only_keeps_what_its_service_may_get_and_blocks_sharers_too() {
+    // A request no pool would grant (another namespace's pool) reserves nothing: a sharer
+    // may join the address its holder requested.
+    let mut prod = pool("prod-only", &["10.0.2.0-10.0.2.1"]);
+    prod.namespaces = vec!["prod".into()];
+    let mut a = Allocator::new(vec![prod]);
+    let mut foreign = req("default/wants");
+    foreign.ips = vec![ip("10.0.2.1")];
+    a.reserve(&foreign);
+    let mut holder = req("prod/holder");
+    holder.ips = vec![ip("10.0.2.1")];
+    holder.sharing_key = Some("k".into());
+    assert_eq!(a.assign(&holder).expect("holder"), holder.ips);
+    let mut sharer = req("prod/sharer");
+    sharer.sharing_key = Some("k".into());
+    sharer.ports[0].port = 443;
+    assert_eq!(a.assign(&sharer).expect("sharer"), holder.ips);
+
+    // A request its pool would grant keeps the address from auto-assigned sharers: once the
+    // holder goes, the waiting Service gets it.
+    let mut b = Allocator::new(vec![pool("p", &["10.0.0.1-10.0.0.1"])]);
+    let mut holder = req("d/holder");
+    holder.sharing_key = Some("k".into());
+    assert_eq!(b.assign(&holder).expect("holder"), vec![ip("10.0.0.1")]);
+    let mut wants = req("d/wants");
+    wants.ips = vec![ip("10.0.0.1")];
+    assert!(b.assign(&wants).is_err(), "held by d/holder");
+    let mut sharer = req("d/sharer");
+    sharer.sharing_key = Some("k".into());
+    sharer.ports[0].port = 443;
+    assert!(
+        b.assign(&sharer).is_err(),
+        "the address d/wants waits for is not joined"
+    );
+    b.forget("d/holder");
+    assert_eq!(b.assign(&wants).expect("wants"), wants.ips);
 }
