@@ -389,12 +389,31 @@ impl AwsCloud {
             .map(|p| clb_listener(spec, p))
             .collect::<CloudResult<_>>()?;
         let existing = self.clb_describe(name).await?;
+        // AWS cannot change the scheme of an existing ELB: it keeps its own (and the subnets
+        // for it), and the ensure ends in an error naming the annotation.
+        let scheme_kept = existing
+            .as_ref()
+            .and_then(|d| d.scheme())
+            .map(|s| s == "internal")
+            .filter(|internal| *internal != spec.internal);
+        let kept;
+        let spec = match scheme_kept {
+            Some(internal) => {
+                kept = LbSpec {
+                    internal,
+                    ..spec.clone()
+                };
+                &kept
+            }
+            None => spec,
+        };
         let desc = match existing {
             Some(d) => {
                 self.clb_sync_listeners(name, &d, &listeners).await?;
-                self.clb_apply_groups(name, &d, &sgs).await?;
+                self.clb_apply_groups(cluster, name, &d, &sgs).await?;
                 let subnets = self.lb_subnets(cluster, &vpc, spec).await?;
                 self.clb_sync_subnets(name, &d, &subnets).await?;
+                self.clb_sync_tags(cluster, name, spec).await?;
                 d
             }
             None => {
@@ -430,6 +449,9 @@ impl AwsCloud {
         }
         self.clb_sync_instances(name, &desc, &ids).await?;
         self.clb_node_rules(cluster, &sgs[0], &ids, true).await?;
+        if let Some(internal) = scheme_kept {
+            return Err(crate::lb::scheme_unchangeable(internal));
+        }
         desc.dns_name().map(String::from).ok_or_else(|| {
             CloudError::retry_after(
                 std::time::Duration::from_secs(5),
@@ -537,6 +559,9 @@ impl AwsCloud {
             .await?;
         let a = &spec.attributes;
         let cross = spec.cross_zone.unwrap_or(false);
+        // AWS's default (every 60 minutes) when the annotation is absent, so that removing it
+        // takes effect.
+        let interval = a.access_log_interval.unwrap_or(60);
         let now = now.load_balancer_attributes();
         let log = now.and_then(|n| n.access_log());
         let drain = now.and_then(|n| n.connection_draining());
@@ -550,8 +575,7 @@ impl AwsCloud {
                     == a.access_log_bucket
                     && log.and_then(|l| l.s3_bucket_prefix()).unwrap_or_default()
                         == a.access_log_prefix
-                    && (a.access_log_interval.is_none()
-                        || log.and_then(|l| l.emit_interval()) == a.access_log_interval)))
+                    && log.and_then(|l| l.emit_interval()) == Some(interval)))
             && drain.map(|d| d.enabled()) == Some(a.draining)
             && (a.draining_timeout.is_none()
                 || drain.and_then(|d| d.timeout()) == a.draining_timeout)
@@ -570,7 +594,7 @@ impl AwsCloud {
                     .enabled(a.access_log)
                     .set_s3_bucket_name(non_empty(&a.access_log_bucket))
                     .set_s3_bucket_prefix(non_empty(&a.access_log_prefix))
-                    .set_emit_interval(a.access_log_interval)
+                    .set_emit_interval(a.access_log.then_some(interval))
                     .build(),
             )
             .connection_draining(
@@ -749,10 +773,51 @@ impl AwsCloud {
         Ok(())
     }
 
-    /// Replaces the ELB's security groups when they differ from `want`; the rules its former
-    /// own group had on the nodes go (the group itself goes with the ELB).
+    /// The additional-resource-tags annotation's tags on an existing ELB, added or changed
+    /// where they differ (as upstream's `addLoadBalancerTags`; a tag no longer in the
+    /// annotation stays: nothing tells it from one added by someone else).
+    async fn clb_sync_tags(&self, cluster: &str, name: &str, spec: &LbSpec) -> CloudResult<()> {
+        if spec.extra_tags.is_empty() {
+            return Ok(());
+        }
+        let elb = self.clients().await?.elb.clone();
+        let out = self
+            .call(
+                "DescribeTags",
+                elb.describe_tags().load_balancer_names(name).send(),
+            )
+            .await?;
+        let have: Vec<(&str, &str)> = out
+            .tag_descriptions()
+            .iter()
+            .flat_map(|d| d.tags())
+            .map(|t| (t.key(), t.value().unwrap_or_default()))
+            .collect();
+        let add = resource_tags(self, cluster, spec)
+            .into_iter()
+            .filter(|(k, v)| !have.contains(&(k.as_str(), v.as_str())))
+            .map(|(k, v)| built(Tag::builder().key(k).value(v).build()))
+            .collect::<CloudResult<Vec<_>>>()?;
+        if add.is_empty() {
+            return Ok(());
+        }
+        self.call(
+            "AddTags",
+            elb.add_tags()
+                .load_balancer_names(name)
+                .set_tags(Some(add))
+                .send(),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Replaces the ELB's security groups when they differ from `want`; the rules a former
+    /// group had on the cluster's node groups go (its own group goes with the ELB; a group of
+    /// the annotation or cloud-config keeps whatever else admits it).
     async fn clb_apply_groups(
         &self,
+        cluster: &str,
         name: &str,
         d: &LoadBalancerDescription,
         want: &[String],
@@ -771,7 +836,8 @@ impl AwsCloud {
         )
         .await?;
         for old in have.into_iter().filter(|g| !want.contains(g)) {
-            self.revoke_from(old).await?;
+            self.clb_node_rules(cluster, old, &BTreeSet::new(), true)
+                .await?;
         }
         Ok(())
     }

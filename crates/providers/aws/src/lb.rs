@@ -34,6 +34,21 @@ pub(crate) fn resource_tags(
     tags
 }
 
+/// The error for a Service whose scheme annotation no longer matches its load balancer's:
+/// AWS cannot change the scheme of an existing one (upstream leaves it as it is, silently).
+pub(crate) fn scheme_unchangeable(internal: bool) -> CloudError {
+    let now = if internal {
+        "internal"
+    } else {
+        "internet-facing"
+    };
+    CloudError::Permanent(format!(
+        "annotation {} (or {}): the load balancer is {now} and AWS cannot change the scheme of an existing one; it stays {now} (delete and re-create the Service to change it)",
+        annotations::INTERNAL,
+        annotations::SCHEME
+    ))
+}
+
 pub(crate) fn status(dns: &str) -> LoadBalancerStatus {
     Status {
         ingress: Some(vec![LoadBalancerIngress {

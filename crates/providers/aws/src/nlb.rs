@@ -31,6 +31,8 @@ pub(crate) struct Nlb {
     pub groups: Vec<String>,
     /// It answers on IPv6 too.
     pub dualstack: bool,
+    /// Its scheme is `internal`.
+    pub internal: bool,
 }
 
 /// What an NLB update needs to know of the NLB: its VPC and its target groups (ARN, NodePort).
@@ -251,9 +253,11 @@ pub(crate) fn node_rules(
             want.push((p.node_port, c.clone(), client.clone()));
         }
     }
+    // Health checks are TCP (or HTTP/HTTPS) even for UDP ports: a UDP client rule admits none.
+    let tcp = spec.client_protocol() == "tcp";
     for port in health_ports(spec) {
         for cidr in vpc_cidrs {
-            let admitted = want.iter().any(|(p, c, _)| *p == port && covers(c, cidr));
+            let admitted = tcp && want.iter().any(|(p, c, _)| *p == port && covers(c, cidr));
             if !admitted {
                 want.push((port, cidr.clone(), health.clone()));
             }
@@ -282,6 +286,7 @@ impl AwsCloud {
                     vpc: lb.vpc_id().unwrap_or_default().to_string(),
                     groups: lb.security_groups().to_vec(),
                     dualstack: lb.ip_address_type() == Some(&IpAddressType::Dualstack),
+                    internal: lb.scheme() == Some(&LoadBalancerSchemeEnum::Internal),
                 })),
             Err(e) if error::code(&e) == Some("LoadBalancerNotFound") => Ok(None),
             Err(e) => Err(error::map("DescribeLoadBalancers", e)),
@@ -333,7 +338,48 @@ impl AwsCloud {
             vpc: vpc.to_string(),
             groups: lb.security_groups().to_vec(),
             dualstack: spec.dualstack,
+            internal: spec.internal,
         })
+    }
+
+    /// The additional-resource-tags annotation's tags on an existing NLB, added or changed
+    /// where they differ (a tag no longer in the annotation stays, as upstream: nothing tells
+    /// it from one added by someone else).
+    async fn nlb_sync_tags(&self, cluster: &str, arn: &str, spec: &LbSpec) -> CloudResult<()> {
+        if spec.extra_tags.is_empty() {
+            return Ok(());
+        }
+        let elbv2 = self.clients().await?.elbv2.clone();
+        let out = self
+            .call(
+                "DescribeTags",
+                elbv2.describe_tags().resource_arns(arn).send(),
+            )
+            .await?;
+        let have: Vec<(&str, &str)> = out
+            .tag_descriptions()
+            .iter()
+            .flat_map(|d| d.tags())
+            .map(|t| (t.key().unwrap_or_default(), t.value().unwrap_or_default()))
+            .collect();
+        let add: Vec<Tag> = resource_tags(self, cluster, spec)
+            .into_iter()
+            .filter(|(k, v)| !have.contains(&(k.as_str(), v.as_str())))
+            .map(|(k, v)| Tag::builder().key(k).value(v).build())
+            .collect();
+        if add.is_empty() {
+            return Ok(());
+        }
+        self.call(
+            "AddTags",
+            elbv2
+                .add_tags()
+                .resource_arns(arn)
+                .set_tags(Some(add))
+                .send(),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Target groups of the LB (none when it has none: moto then answers TargetGroupNotFound).
@@ -837,7 +883,11 @@ impl AwsCloud {
             (Some(s), None) => node_rules(name, s, &self.vpc_cidrs(vpc, s.ipv6_targets).await?)
                 .into_iter()
                 .map(|(port, cidr, desc)| {
-                    Rule::cidr(&s.client_protocol(), port, port, &cidr, Some(&desc))
+                    let proto = match desc.starts_with(HEALTH_RULE) {
+                        true => "tcp".to_string(),
+                        false => s.client_protocol(),
+                    };
+                    Rule::cidr(&proto, port, port, &cidr, Some(&desc))
                 })
                 .collect(),
             (None, _) => BTreeSet::new(),
@@ -945,6 +995,9 @@ impl AwsCloud {
             self.nlb_set_ip_type(&lb.arn, spec).await?;
         }
         self.nlb_attributes(&lb.arn, spec).await?;
+        if !fresh {
+            self.nlb_sync_tags(cluster, &lb.arn, spec).await?;
+        }
         self.nlb_sync_rules(
             cluster,
             name,
@@ -961,6 +1014,7 @@ impl AwsCloud {
                 format!("NLB {name} has no DNS name yet"),
             ));
         }
+        let scheme_kept = lb.internal != spec.internal;
         let known = NlbTargets {
             vpc: lb.vpc,
             groups,
@@ -971,6 +1025,9 @@ impl AwsCloud {
             .lock()
             .nlbs
             .insert(name.to_string(), known);
+        if scheme_kept {
+            return Err(crate::lb::scheme_unchangeable(lb.internal));
+        }
         Ok(lb.dns)
     }
 
