@@ -46,7 +46,7 @@ pub(crate) struct Target {
 }
 
 impl RouteState {
-    pub(crate) fn new(settings: &RoutesSettings) -> Self {
+    pub(crate) fn new(settings: &RoutesSettings, pools: Vec<crate::ipam::Pool>) -> Self {
         RouteState {
             settings: settings.clone(),
             table: OnceCell::new(),
@@ -56,7 +56,7 @@ impl RouteState {
             bgp: settings
                 .bgp
                 .as_ref()
-                .map(|b| Arc::new(BgpState::new(b, settings.netns.clone()))),
+                .map(|b| Arc::new(BgpState::new(b, settings.netns.clone(), pools))),
         }
     }
 
