@@ -220,8 +220,9 @@ impl CloudProvider for MetalCloud {
                 let me = me.clone();
                 tokio::spawn(async move { me.warn_bgp(&peer, reason, text).await });
             });
+            let vips = self.initial_vips(&ctx.client).await;
             routes
-                .start_term(&ctx.client, ctx.shutdown.clone(), warn)
+                .start_term(&ctx.client, vips, ctx.shutdown.clone(), warn)
                 .await;
         }
         if !self.config().pools.is_empty() {

@@ -66,13 +66,15 @@ impl RouteState {
     pub(crate) async fn start_term(
         self: &Arc<Self>,
         client: &kube::Client,
+        vips: crate::bgp::InitialVips,
         shutdown: CancellationToken,
         warn: Arc<dyn Fn(String, &'static str, String) + Send + Sync>,
     ) {
         *self.ended.write().await = false;
         let nodes = self.learn_nodes(client).await;
         if let Some(bgp) = &self.bgp {
-            bgp.start_term(initial_routes(&nodes), shutdown, warn).await;
+            bgp.start_term(initial_routes(&nodes), vips, shutdown, warn)
+                .await;
             return;
         }
         if let Err(e) = self.guard_cluster_cidrs().await {

@@ -472,7 +472,7 @@ fn start_ecmp_router(n: &mut Netns, dir: &Path) -> PathBuf {
         "router id 192.168.79.1;\nlog stderr all;\nprotocol device { scan time 5; }\n\
          protocol kernel { ipv4 { export all; }; merge paths on; }\n\
          protocol bgp host1 { local 192.168.79.1 as 64512; neighbor 192.168.79.2 as 64512; \
-         direct; hold time 3; connect retry time 1; error wait time 1, 5; \
+         direct; hold time 3; graceful restart on; connect retry time 1; error wait time 1, 5; \
          ipv4 { import all; export none; add paths rx; gateway direct; }; }\n",
     )
     .expect("router conf");
@@ -643,7 +643,7 @@ async fn load_balancer_addresses_over_bgp_reach_the_nodes_that_serve_them() {
         &cloud_config,
         format!(
             "[routes]\nmode = \"bgp\"\nnetns = \"/run/netns/{h1}\"\n\n[routes.bgp]\nasn = 64512\n\
-             router_id = \"192.168.79.2\"\nhold_time = 3\ngraceful_restart_time = 4\nrun_dir = \"{}\"\n\
+             router_id = \"192.168.79.2\"\nhold_time = 3\ngraceful_restart_time = 30\nrun_dir = \"{}\"\n\
              announce_load_balancers = true\n\n\
              [[routes.bgp.peers]]\naddress = \"192.168.79.1\"\nasn = 64512\n\n\
              [[pools]]\nname = \"public\"\naddresses = [\"198.51.100.10-198.51.100.11\"]\n\
@@ -779,6 +779,40 @@ async fn load_balancer_addresses_over_bgp_reach_the_nodes_that_serve_them() {
         learned(&router, &web_net, "192.168.79.11"),
         "web's address stays"
     );
+
+    // A new term (the CCM restarts; graceful restart keeps the routes at the router
+    // meanwhile): the addresses the Services' statuses show are announced with the first
+    // routes, so the new daemon's End-of-RIB flushes none of them: no ping lost. The new
+    // term runs no service controller, so what the router has then comes from the term's
+    // start alone.
+    let web_addr: &'static str = Box::leak(web.clone().into_boxed_str());
+    let pinger = Pinger::start(cl.clone(), web_addr);
+    ccm.stop().await;
+    let ccm = Ccm::start(
+        &kubeconfig,
+        &cloud_config,
+        &["--controllers=route", "--cluster-cidr=10.244.0.0/16"],
+    )
+    .await
+    .expect("ccm starts again");
+    wait_for("the new term's session is up", || async {
+        metrics(&ccm).contains("ccm_metal_bgp_session_up{peer=\"192.168.79.1\"} 1")
+    })
+    .await;
+    wait_for("web's address via both nodes again", || async {
+        learned(&router, &web_net, "192.168.79.11")
+            && learned(&router, &web_net, "192.168.79.12")
+            && !birdc(&router, &format!("show route {web_net} all")).contains("stale")
+    })
+    .await;
+    assert_eq!(ping_from_sources(&cl, &web, &sources), sources.len());
+    let (sent, lost) = pinger.stop();
+    eprintln!("measured: CCM restart: {sent} pings to {web}, {lost} lost");
+    assert_eq!(lost, 0, "the new term keeps web's address announced");
+    ccm.stop().await;
+    let ccm = Ccm::start(&kubeconfig, &cloud_config, &["--controllers=service"])
+        .await
+        .expect("ccm starts with the service controller");
 
     // The Service is deleted: its address is withdrawn.
     services

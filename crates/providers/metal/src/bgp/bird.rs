@@ -18,6 +18,10 @@ use tokio_util::sync::CancellationToken;
 use super::config::{BgpSettings, Community, Peer};
 use super::vips::VipRoute;
 
+/// Seconds a starting daemon waits for every session's End-of-RIB before announcing (BIRD's
+/// `graceful restart wait`): bounds what an unreachable peer delays at a term's start.
+pub const GR_RECOVERY_WAIT: u16 = 10;
+
 /// How long one `birdc` command may take.
 const BIRDC_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -150,9 +154,15 @@ impl Bird {
                 .arg(format!("--net={}", ns.display()))
                 .arg("--");
         }
-        cmd.arg(&self.bird)
-            .arg("-f")
-            .arg("-c")
+        cmd.arg(&self.bird).arg("-f");
+        if self.settings.graceful_restart.is_some() {
+            // Graceful-restart recovery: the sessions' OPEN says the forwarding state was kept,
+            // so the routers keep the previous leader's routes until this daemon's End-of-RIB
+            // (without it they flush them the moment the session is up, before the new
+            // announcements arrive).
+            cmd.arg("-R");
+        }
+        cmd.arg("-c")
             .arg(self.conf())
             .arg("-s")
             .arg(self.socket())
@@ -272,6 +282,11 @@ pub fn render_all(
         let _ = writeln!(c, "router id {id};");
     }
     c.push_str("log stderr { warning, error, fatal, bug, auth, remote };\nprotocol device { scan time 60; }\n");
+    if s.graceful_restart.is_some() {
+        // Recovery (`bird -R`) holds every export until all sessions are up and have sent
+        // End-of-RIB; a router that is down must not hold the others' announcements longer.
+        let _ = writeln!(c, "graceful restart wait {GR_RECOVERY_WAIT};");
+    }
     for (name, family, v4) in [("ccm_v4", "ipv4", true), ("ccm_v6", "ipv6", false)] {
         let _ = writeln!(c, "protocol static {name} {{\n  {family};");
         for net in routes.keys().filter(|n| matches!(n, IpNet::V4(_)) == v4) {

@@ -76,6 +76,14 @@ struct Announced {
     target: Target,
 }
 
+/// The LoadBalancer addresses a term starts with: the Services' statuses, their Nodes and
+/// the EndpointSlices, read from the cluster before the daemon starts.
+#[derive(Default)]
+pub(crate) struct InitialVips {
+    services: Vec<(String, VipService)>,
+    slices: Vec<k8s_openapi::api::discovery::v1::EndpointSlice>,
+}
+
 /// The speaker's state: the announced set and the daemon.
 pub(crate) struct BgpState {
     settings: BgpSettings,
@@ -117,6 +125,7 @@ impl BgpState {
     pub(crate) async fn start_term(
         self: &Arc<Self>,
         initial: Vec<(IpNet, IpAddr, Target)>,
+        vips: InitialVips,
         shutdown: CancellationToken,
         warn: Arc<dyn Fn(String, &'static str, String) + Send + Sync>,
     ) {
@@ -127,8 +136,15 @@ impl BgpState {
                 a.insert(net, Announced { gateway, target });
             }
         }
-        // The service controller ensures every Service again in the new term.
-        self.vips.write().clear_services();
+        // What the Services' statuses show, until the service controller ensures each again.
+        {
+            let mut t = self.vips.write();
+            t.clear_services();
+            for (key, svc) in vips.services {
+                t.set_service(&key, svc);
+            }
+            t.replace_slices(&vips.slices);
+        }
         self.update_gauges();
         if let Err(e) = self
             .bird
@@ -475,6 +491,74 @@ impl crate::provider::MetalCloud {
             .unwrap_or_default()
     }
 
+    /// What a term announces at once: each served LoadBalancer Service's status addresses via
+    /// the load-balancer Nodes (as the service controller chooses them: not being deleted,
+    /// not labelled `node.kubernetes.io/exclude-from-external-load-balancers`, not tainted
+    /// `ToBeDeletedByClusterAutoscaler`), so a new leader's first End-of-RIB does not flush
+    /// the addresses the routers kept from the previous one. Empty when a list fails: the
+    /// service controller then announces each Service as it syncs it.
+    pub(crate) async fn initial_vips(&self, client: &kube::Client) -> InitialVips {
+        use k8s_openapi::api::discovery::v1::EndpointSlice;
+        use kube::api::{Api, ListParams};
+        if self.vip_speaker().is_none() {
+            return InitialVips::default();
+        }
+        let lp = ListParams::default();
+        let lists = futures::future::try_join3(
+            Api::<ccm_cloud::Service>::all(client.clone()).list(&lp),
+            Api::<ccm_cloud::Node>::all(client.clone()).list(&lp),
+            Api::<EndpointSlice>::all(client.clone()).list(&lp),
+        )
+        .await;
+        let (services, nodes, slices) = match lists {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "metal bgp: cannot read the LoadBalancer Services at the term's start; each is announced when the service controller syncs it");
+                return InitialVips::default();
+            }
+        };
+        let nodes: Vec<ccm_cloud::Node> = nodes.items.into_iter().filter(in_lb_set).collect();
+        let services = services
+            .items
+            .iter()
+            .filter(|s| {
+                s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
+                    && s.metadata.deletion_timestamp.is_none()
+                    && self.serves_class(s)
+            })
+            .map(|s| {
+                let ips = crate::kube_vip::status_ips(s);
+                (crate::lb::key_of(s), self.vip_service(s, &ips, &nodes))
+            })
+            .collect();
+        InitialVips {
+            services,
+            slices: slices.items,
+        }
+    }
+
+    fn vip_service(
+        &self,
+        service: &ccm_cloud::Service,
+        ips: &[IpAddr],
+        nodes: &[ccm_cloud::Node],
+    ) -> VipService {
+        let local = service
+            .spec
+            .as_ref()
+            .and_then(|s| s.external_traffic_policy.as_deref())
+            == Some("Local");
+        let nodes = nodes
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.clone()?, self.node_next_hops(n))))
+            .collect();
+        VipService {
+            ips: ips.to_vec(),
+            local,
+            nodes,
+        }
+    }
+
     /// Announces the Service's addresses with the Nodes that can serve it (a no-op unless
     /// `announce_load_balancers`).
     pub(crate) async fn announce_vips(
@@ -486,20 +570,7 @@ impl crate::provider::MetalCloud {
         let Some(bgp) = self.vip_speaker() else {
             return Ok(());
         };
-        let local = service
-            .spec
-            .as_ref()
-            .and_then(|s| s.external_traffic_policy.as_deref())
-            == Some("Local");
-        let nodes = nodes
-            .iter()
-            .filter_map(|n| Some((n.metadata.name.clone()?, self.node_next_hops(n))))
-            .collect();
-        let svc = VipService {
-            ips: ips.to_vec(),
-            local,
-            nodes,
-        };
+        let svc = self.vip_service(service, ips, nodes);
         bgp.set_service(&crate::lb::key_of(service), svc).await
     }
 
@@ -571,4 +642,22 @@ impl crate::provider::MetalCloud {
             }
         });
     }
+}
+
+/// Whether the service controller counts `node` in the load-balancer node set (its
+/// `node_in_lb_set`): not being deleted, not excluded by label (a value other than a Go
+/// `ParseBool` false excludes), not tainted `ToBeDeletedByClusterAutoscaler`.
+fn in_lb_set(node: &ccm_cloud::Node) -> bool {
+    let excluded = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("node.kubernetes.io/exclude-from-external-load-balancers"))
+        .is_some_and(|v| !matches!(v.as_str(), "0" | "f" | "F" | "false" | "FALSE" | "False"));
+    let to_be_deleted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == "ToBeDeletedByClusterAutoscaler"));
+    node.metadata.deletion_timestamp.is_none() && !excluded && !to_be_deleted
 }
