@@ -828,6 +828,35 @@ async fn load_balancer_addresses_over_bgp_reach_the_nodes_that_serve_them() {
         0,
         "nothing routes to a deleted Service's address"
     );
+
+    // A Service that stops being a LoadBalancer: withdrawn.
+    slices
+        .patch(
+            "local-abcde",
+            &PatchParams::default(),
+            &Patch::Merge(moved("n1", true)),
+        )
+        .await
+        .expect("endpoint ready on n1");
+    wait_for("local's address via n1 again", || async {
+        learned(&router, &local_net, "192.168.79.11")
+    })
+    .await;
+    services
+        .patch(
+            "local",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"type": "ClusterIP", "externalTrafficPolicy": null}}),
+            ),
+        )
+        .await
+        .expect("local becomes ClusterIP");
+    wait_for(
+        "local's address withdrawn once it is no LoadBalancer",
+        || async { !birdc(&router, "show route").contains(&local_net) },
+    )
+    .await;
     ccm.stop().await;
 }
 
@@ -1124,6 +1153,7 @@ fn every_peer_option_renders_a_config_bird_accepts() {
     ]);
     let text = ccm_provider_metal::bgp::bird::render_all(&bgp, &routes, &vips);
     for want in [
+        "graceful restart wait 10;",
         "add paths tx;",
         "protocol static ccm_lb4_192_0_2_11",
         "protocol static ccm_lb4_192_0_2_12",
