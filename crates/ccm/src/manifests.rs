@@ -492,13 +492,19 @@ fn provider_rbac(v: &Value, f: &Value, ns: &Ns) -> Vec<Value> {
     let name = format!("ccm-rs:provider-{provider}");
     let subjects = json!([manager_subject(v, f, ns)]);
     let mut out = Vec::new();
-    if non_empty(&p["clusterRules"]) {
+    let mut cluster_rules = list(&p["clusterRules"]);
+    if provider == "metal" && v["metal"]["announceLoadBalancers"].as_bool() == Some(true) {
+        // LoadBalancer addresses over BGP: `Local` Services follow their ready endpoints.
+        cluster_rules.push(json!({"apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"], "verbs": ["list", "watch"]}));
+    }
+    if !cluster_rules.is_empty() {
         out.extend(bound(
             "ClusterRole",
             &name,
             None,
             f,
-            &p["clusterRules"],
+            &json!(cluster_rules),
             subjects.clone(),
         ));
     }

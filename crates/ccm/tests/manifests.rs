@@ -330,6 +330,10 @@ async fn helm_chart_renders_what_ccm_manifests_prints() {
             serde_json::json!({"provider": "metal", "metal": {"credentialsSecrets": ["bmc-rack1"]}}),
             vec!["--values".into(), "VALUES_FILE".into()],
         ),
+        (
+            serde_json::json!({"provider": "metal", "metal": {"announceLoadBalancers": true}}),
+            vec!["--values".into(), "VALUES_FILE".into()],
+        ),
         // The webhook with a Secret the operator provides (kube-sim stores the
         // MutatingWebhookConfiguration; cert-manager's CRDs it does not serve).
         (
@@ -826,6 +830,26 @@ fn provider_grants_follow_the_provider() {
     std::fs::write(
         &file,
         "provider: sim\nmetal:\n  credentialsSecrets: [bmc-rack1]\n",
+    )
+    .expect("write");
+    assert_eq!(rbac_of(&["--values", file.to_str().expect("path")]), sim);
+    // LoadBalancer addresses over BGP: the EndpointSlice watch, with metal only.
+    std::fs::write(
+        &file,
+        "provider: metal\nmetal:\n  announceLoadBalancers: true\n",
+    )
+    .expect("write");
+    let with_bgp = rbac_of(&["--values", file.to_str().expect("path")]);
+    assert_eq!(
+        with_bgp["ClusterRole/ccm-rs:provider-metal"]["rules"],
+        serde_json::json!([
+            {"apiGroups": [""], "resources": ["services", "services/status"], "verbs": ["patch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}
+        ])
+    );
+    std::fs::write(
+        &file,
+        "provider: sim\nmetal:\n  announceLoadBalancers: true\n",
     )
     .expect("write");
     assert_eq!(rbac_of(&["--values", file.to_str().expect("path")]), sim);

@@ -185,6 +185,13 @@ pub struct PoolConfig {
     /// Only Services carrying all these labels (empty: all).
     #[serde(default)]
     pub service_selector: BTreeMap<String, String>,
+    /// With `routes.bgp.announce_load_balancers`: BGP communities the pool's addresses carry,
+    /// `"asn:value"` or large `"global:local1:local2"`.
+    #[serde(default)]
+    pub bgp_communities: Vec<String>,
+    /// With `routes.bgp.announce_load_balancers`: LOCAL_PREF of the pool's addresses (iBGP
+    /// peers only; BGP does not send it to eBGP peers).
+    pub bgp_local_pref: Option<u32>,
 }
 
 fn yes() -> bool {
@@ -343,6 +350,26 @@ impl MetalConfig {
         let routes = file.routes.map(check_routes_file).transpose()?;
         if let Some(r) = &routes {
             check_routes(r)?;
+        }
+        let announced = routes
+            .as_ref()
+            .and_then(|r| r.bgp.as_ref())
+            .is_some_and(|b| b.announce_load_balancers);
+        if !announced
+            && let Some((i, p)) = pools
+                .iter()
+                .enumerate()
+                .find(|(_, p)| !p.bgp_communities.is_empty() || p.bgp_local_pref.is_some())
+        {
+            let name = if p.bgp_communities.is_empty() {
+                "bgp_local_pref"
+            } else {
+                "bgp_communities"
+            };
+            return Err(ConfigError::field(
+                format!("pools[{i}].{name}"),
+                "routes.mode = \"bgp\" with routes.bgp.announce_load_balancers = true (nothing announces the pool's addresses otherwise), or no BGP attributes on the pool",
+            ));
         }
         Ok(MetalConfig {
             machines: exact,
@@ -640,6 +667,12 @@ fn check_pool(i: usize, p: PoolConfig) -> Result<Pool, ConfigError> {
             .map_err(|why| ConfigError::field(format!("pools[{i}].addresses[{j}]"), why))?;
         ranges.push(range);
     }
+    let mut bgp_communities = Vec::new();
+    for (j, c) in p.bgp_communities.iter().enumerate() {
+        let c = crate::bgp::config::Community::parse(c)
+            .map_err(|why| ConfigError::field(format!("pools[{i}].bgp_communities[{j}]"), why))?;
+        bgp_communities.push(c);
+    }
     Ok(Pool {
         name: p.name,
         ranges,
@@ -648,6 +681,8 @@ fn check_pool(i: usize, p: PoolConfig) -> Result<Pool, ConfigError> {
         use_network_and_broadcast: p.use_network_and_broadcast,
         namespaces: p.namespaces,
         service_selector: p.service_selector,
+        bgp_communities,
+        bgp_local_pref: p.bgp_local_pref,
     })
 }
 
@@ -782,6 +817,33 @@ mod tests {
             "[[pools]]\nname = \"a\"\naddresses = [\"10.0.0.0/28\"]\n[[pools]]\nname = \"b\"\naddresses = [\"10.0.0.16/28\", \"fd00::/120\"]\n",
         )
         .expect("adjacent pools are fine");
+    }
+
+    #[test]
+    fn pool_bgp_attributes_are_checked_and_need_announced_load_balancers() {
+        let bgp = "[routes]\nmode = \"bgp\"\n[routes.bgp]\nasn = 64512\nannounce_load_balancers = true\n[[routes.bgp.peers]]\naddress = \"192.0.2.1\"\nasn = 64501\n";
+        let pool = "[[pools]]\nname = \"p\"\naddresses = [\"198.51.100.0/28\"]\n";
+        let c = MetalConfig::parse(&format!(
+            "{pool}bgp_communities = [\"64512:100\", \"4200000000:1:2\"]\nbgp_local_pref = 200\n{bgp}"
+        ))
+        .expect("valid");
+        assert_eq!(c.pools[0].bgp_communities.len(), 2);
+        assert_eq!(c.pools[0].bgp_local_pref, Some(200));
+        let err = MetalConfig::parse(&format!("{pool}bgp_communities = [\"64512:70000\"]\n{bgp}"))
+            .expect_err("bad community");
+        assert_eq!(
+            err.field.as_deref(),
+            Some("pools[0].bgp_communities[0]"),
+            "{err}"
+        );
+        let err = MetalConfig::parse(&format!("{pool}bgp_local_pref = 200\n"))
+            .expect_err("nothing announces");
+        assert_eq!(
+            err.field.as_deref(),
+            Some("pools[0].bgp_local_pref"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("announce_load_balancers"), "{err}");
     }
 
     #[test]

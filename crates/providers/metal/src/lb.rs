@@ -349,7 +349,7 @@ impl LoadBalancer for MetalCloud {
         &self,
         _cluster: &str,
         service: &Service,
-        _nodes: &[Node],
+        nodes: &[Node],
     ) -> CloudResult<LoadBalancerStatus> {
         let req = request_from(service).map_err(to_cloud)?;
         let lb = &self.inner.lb;
@@ -369,6 +369,7 @@ impl LoadBalancer for MetalCloud {
         let ips = match result {
             Ok(ips) => ips,
             Err(e @ AllocError::Released(_)) => {
+                self.withdraw_vips(service).await?;
                 self.clear_status(service).await?;
                 return Err(to_cloud(e));
             }
@@ -379,17 +380,20 @@ impl LoadBalancer for MetalCloud {
         if let Some(keep) = crate::kube_vip::ours_within(service, &ips) {
             self.patch_kube_vip(service, &keep).await?;
         }
+        // routes.bgp.announce_load_balancers: announced before the status shows them.
+        self.announce_vips(service, &ips, nodes).await?;
         Ok(status_of(&ips))
     }
 
-    /// Nothing to do: the speakers (kube-vip, MetalLB) follow the endpoints themselves.
+    /// Nothing to do for kube-vip or MetalLB, which follow the Nodes themselves; with
+    /// `routes.bgp.announce_load_balancers`, the addresses' next hops move to the new set.
     async fn update_load_balancer(
         &self,
         _cluster: &str,
-        _service: &Service,
-        _nodes: &[Node],
+        service: &Service,
+        nodes: &[Node],
     ) -> CloudResult<()> {
-        Ok(())
+        self.update_vip_nodes(service, nodes).await
     }
 
     async fn ensure_load_balancer_deleted(
@@ -402,6 +406,7 @@ impl LoadBalancer for MetalCloud {
         if crate::kube_vip::ours_within(service, &[]).is_some() {
             self.patch_kube_vip(service, &[]).await?;
         }
+        self.withdraw_vips(service).await?;
         let lb = &self.inner.lb;
         let freed = self
             .with_allocator(|a| {

@@ -82,6 +82,8 @@ mod tests {
             use_network_and_broadcast: false,
             namespaces: vec![],
             service_selector: Default::default(),
+            bgp_communities: vec![],
+            bgp_local_pref: None,
         };
         let mut alloc = Allocator::new(vec![pool]);
         let req = Request {

@@ -87,7 +87,10 @@ impl MetalCloud {
         path: Option<PathBuf>,
         text: String,
     ) -> Result<Self, ConfigError> {
-        let routes = config.routes.as_ref().map(|r| Arc::new(RouteState::new(r)));
+        let routes = config
+            .routes
+            .as_ref()
+            .map(|r| Arc::new(RouteState::new(r, config.pools.clone())));
         let class = config.load_balancer_class.clone();
         Ok(MetalCloud {
             inner: Arc::new(Inner {
@@ -143,6 +146,13 @@ impl MetalCloud {
         }
         let pools_changed = *self.inner.lb.pools() != config.pools;
         self.inner.lb.set_pools(config.pools.clone());
+        if pools_changed && let Some(bgp) = self.vip_speaker().cloned() {
+            // The pools' communities and LOCAL_PREF apply to what is announced now.
+            let pools = config.pools.clone();
+            if tokio::runtime::Handle::try_current().is_ok() {
+                tokio::spawn(async move { bgp.set_pools(pools).await });
+            }
+        }
         *self.inner.config.write() = Arc::new(config);
         if pools_changed {
             // Services waiting for an address try the new pools now.
@@ -210,8 +220,9 @@ impl CloudProvider for MetalCloud {
                 let me = me.clone();
                 tokio::spawn(async move { me.warn_bgp(&peer, reason, text).await });
             });
+            let vips = self.initial_vips(&ctx.client).await;
             routes
-                .start_term(&ctx.client, ctx.shutdown.clone(), warn)
+                .start_term(&ctx.client, vips, ctx.shutdown.clone(), warn)
                 .await;
         }
         if !self.config().pools.is_empty() {
@@ -219,6 +230,7 @@ impl CloudProvider for MetalCloud {
             let me = self.clone();
             tokio::spawn(async move { me.report_orphans().await });
         }
+        self.spawn_endpoint_watch(ctx.client.clone(), ctx.shutdown.clone());
         if self.config().kube_vip_annotation {
             self.spawn_kube_vip_sync(ctx.client.clone(), ctx.shutdown.clone());
         }
@@ -244,6 +256,18 @@ impl CloudProvider for MetalCloud {
                 "Pod CIDRs announced over BGP, by family",
                 m.announced.clone(),
             );
+            if bgp.announces_load_balancers() {
+                registry.register(
+                    "ccm_metal_bgp_announced_load_balancer_addresses",
+                    "LoadBalancer addresses announced over BGP (with at least one Node to serve them), by family",
+                    m.announced_vips.clone(),
+                );
+                registry.register(
+                    "ccm_metal_bgp_load_balancer_paths",
+                    "Paths (LoadBalancer address, serving Node) announced over BGP, by family",
+                    m.vip_paths.clone(),
+                );
+            }
             registry.register(
                 "ccm_metal_bgp_daemon_restarts",
                 "Unplanned exits of the BIRD daemon ccm-rs supervises",

@@ -46,7 +46,7 @@ pub(crate) struct Target {
 }
 
 impl RouteState {
-    pub(crate) fn new(settings: &RoutesSettings) -> Self {
+    pub(crate) fn new(settings: &RoutesSettings, pools: Vec<crate::ipam::Pool>) -> Self {
         RouteState {
             settings: settings.clone(),
             table: OnceCell::new(),
@@ -56,7 +56,7 @@ impl RouteState {
             bgp: settings
                 .bgp
                 .as_ref()
-                .map(|b| Arc::new(BgpState::new(b, settings.netns.clone()))),
+                .map(|b| Arc::new(BgpState::new(b, settings.netns.clone(), pools))),
         }
     }
 
@@ -66,13 +66,15 @@ impl RouteState {
     pub(crate) async fn start_term(
         self: &Arc<Self>,
         client: &kube::Client,
+        vips: crate::bgp::InitialVips,
         shutdown: CancellationToken,
         warn: Arc<dyn Fn(String, &'static str, String) + Send + Sync>,
     ) {
         *self.ended.write().await = false;
         let nodes = self.learn_nodes(client).await;
         if let Some(bgp) = &self.bgp {
-            bgp.start_term(initial_routes(&nodes), shutdown, warn).await;
+            bgp.start_term(initial_routes(&nodes), vips, shutdown, warn)
+                .await;
             return;
         }
         if let Err(e) = self.guard_cluster_cidrs().await {

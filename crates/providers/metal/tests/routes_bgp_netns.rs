@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, Node};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Event, Node, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use support::*;
 
 struct Netns {
@@ -460,6 +461,405 @@ async fn pod_cidrs_announced_over_bgp_carry_real_packets() {
     );
 }
 
+/// The router's BIRD for LoadBalancer addresses: an iBGP peer of the host's speaker (so the
+/// pools' LOCAL_PREF reaches it), taking every path of a prefix (ADD-PATH `rx`) and
+/// installing a prefix's paths as one multipath (ECMP) kernel route (`merge paths`).
+fn start_ecmp_router(n: &mut Netns, dir: &Path) -> PathBuf {
+    let conf = dir.join("router-ecmp.conf");
+    let sock = dir.join("router-ecmp.ctl");
+    std::fs::write(
+        &conf,
+        "router id 192.168.79.1;\nlog stderr all;\nprotocol device { scan time 5; }\n\
+         protocol kernel { ipv4 { export all; }; merge paths on; }\n\
+         protocol bgp host1 { local 192.168.79.1 as 64512; neighbor 192.168.79.2 as 64512; \
+         direct; hold time 3; graceful restart on; connect retry time 1; error wait time 1, 5; \
+         ipv4 { import all; export none; add paths rx; gateway direct; }; }\n",
+    )
+    .expect("router conf");
+    let bird = bird_bin("bird").expect("bird");
+    let check = Command::new(&bird)
+        .arg("-p")
+        .arg("-c")
+        .arg(&conf)
+        .output()
+        .expect("bird -p");
+    assert!(
+        check.status.success(),
+        "router config: {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let child = Command::new("ip")
+        .args(["netns", "exec", &n.name("rt")])
+        .arg(&bird)
+        .args(["-f", "-c"])
+        .arg(&conf)
+        .arg("-s")
+        .arg(&sock)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("router bird");
+    n.router = Some(child);
+    sock
+}
+
+fn lb_service(name: &str, policy: &str) -> Service {
+    let mut svc = Service::default();
+    svc.metadata.name = Some(name.into());
+    svc.metadata.namespace = Some("default".into());
+    svc.spec = Some(ServiceSpec {
+        type_: Some("LoadBalancer".into()),
+        external_traffic_policy: Some(policy.into()),
+        selector: Some([("app".to_string(), name.to_string())].into()),
+        ports: Some(vec![ServicePort {
+            port: 80,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    svc
+}
+
+async fn ingress(api: &Api<Service>, name: &str) -> Option<String> {
+    api.get(name)
+        .await
+        .ok()?
+        .status?
+        .load_balancer?
+        .ingress?
+        .into_iter()
+        .find_map(|i| i.ip)
+}
+
+/// The EndpointSlice of Service `service` with one endpoint on `node` (the endpointslice
+/// controller's job; kube-sim has none).
+fn endpoint_slice(service: &str, node: &str, ready: bool) -> EndpointSlice {
+    let mut s = EndpointSlice {
+        address_type: "IPv4".into(),
+        endpoints: Some(vec![Endpoint {
+            addresses: vec!["10.244.9.10".into()],
+            node_name: Some(node.into()),
+            conditions: Some(EndpointConditions {
+                ready: Some(ready),
+                serving: Some(ready),
+                terminating: Some(false),
+            }),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    s.metadata.name = Some(format!("{service}-abcde"));
+    s.metadata.namespace = Some("default".into());
+    s.metadata.labels = Some(
+        [(
+            "kubernetes.io/service-name".to_string(),
+            service.to_string(),
+        )]
+        .into(),
+    );
+    s
+}
+
+/// The router's kernel route to `vip` (`ip route show`), "" when it has none.
+fn kernel_route(n: &Netns, vip: &str) -> String {
+    let out = Command::new("ip")
+        .args(["-n", &n.name("rt"), "route", "show", vip])
+        .output()
+        .expect("ip route");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Echo requests a node namespace has answered (`Icmp: InEchos` of its /proc/net/snmp).
+fn echoes(ns: &str) -> u64 {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "cat", "/proc/net/snmp"])
+        .output()
+        .expect("snmp");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = text.lines().filter(|l| l.starts_with("Icmp:"));
+    let (Some(head), Some(vals)) = (lines.next(), lines.next()) else {
+        return 0;
+    };
+    head.split_whitespace()
+        .zip(vals.split_whitespace())
+        .find(|(k, _)| *k == "InEchos")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Pings `vip` once from each client source address; returns how many were answered.
+fn ping_from_sources(cl: &str, vip: &str, sources: &[String]) -> usize {
+    sources
+        .iter()
+        .filter(|src| {
+            Command::new("ip")
+                .args([
+                    "netns", "exec", cl, "ping", "-c1", "-W1", "-n", "-q", "-I", src, vip,
+                ])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_balancer_addresses_over_bgp_reach_the_nodes_that_serve_them() {
+    if !preflight() {
+        return;
+    }
+    let mut n = Netns {
+        id: std::process::id() % 100_000 + 2,
+        router: None,
+    };
+    build(&n);
+    let dir = TempDir::new("bgp-lb");
+    let router = start_ecmp_router(&mut n, &dir.0);
+    let (cl, h1, n1, n2) = (n.name("cl"), n.name("h1"), n.name("n1"), n.name("n2"));
+    // Both nodes answer for both addresses of the pool (kube-proxy's job on a real node).
+    for node in [&n1, &n2] {
+        ns(node, "ip addr add 198.51.100.10/32 dev lo");
+        ns(node, "ip addr add 198.51.100.11/32 dev lo");
+    }
+    // Several client addresses, so the router's multipath hash has flows to spread.
+    let sources: Vec<String> = (20..36).map(|i| format!("10.79.0.{i}")).collect();
+    for src in &sources {
+        ns(&cl, &format!("ip addr add {src}/24 dev bc{}", n.id));
+    }
+
+    let (_kube, kubeconfig, client) = kube_sim(&dir.0).await;
+    for i in 1..=2 {
+        register_node(
+            &client,
+            &format!("n{i}"),
+            &[],
+            &[("InternalIP", &format!("192.168.79.1{i}"))],
+        )
+        .await;
+    }
+    let cloud_config = dir.0.join("metal.toml");
+    std::fs::write(
+        &cloud_config,
+        format!(
+            "[routes]\nmode = \"bgp\"\nnetns = \"/run/netns/{h1}\"\n\n[routes.bgp]\nasn = 64512\n\
+             router_id = \"192.168.79.2\"\nhold_time = 3\ngraceful_restart_time = 30\nrun_dir = \"{}\"\n\
+             announce_load_balancers = true\n\n\
+             [[routes.bgp.peers]]\naddress = \"192.168.79.1\"\nasn = 64512\n\n\
+             [[pools]]\nname = \"public\"\naddresses = [\"198.51.100.10-198.51.100.11\"]\n\
+             bgp_communities = [\"64512:100\", \"4200000000:7:9\"]\nbgp_local_pref = 250\n\n\
+             [[machines]]\npattern = \"n*\"\n",
+            dir.0.join("speaker").display()
+        ),
+    )
+    .expect("config");
+    let ccm = Ccm::start(&kubeconfig, &cloud_config, &["--controllers=service"])
+        .await
+        .expect("ccm starts");
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let pp = PostParams::default();
+
+    // Cluster policy: every node is a next hop; the router installs both (ECMP).
+    services
+        .create(&pp, &lb_service("web", "Cluster"))
+        .await
+        .expect("web");
+    wait_for("web gets an address", || async {
+        ingress(&services, "web").await.is_some()
+    })
+    .await;
+    let web = ingress(&services, "web").await.unwrap_or_default();
+    let web_net = format!("{web}/32");
+    wait_for("the router learns web's address via both nodes", || async {
+        learned(&router, &web_net, "192.168.79.11") && learned(&router, &web_net, "192.168.79.12")
+    })
+    .await;
+    let attrs = birdc(&router, &format!("show route {web_net} all"));
+    eprintln!("measured: router's view of {web_net}:\n{attrs}");
+    assert!(attrs.contains("(64512,100)"), "pool community: {attrs}");
+    assert!(
+        attrs.contains("(4200000000, 7, 9)"),
+        "pool large community: {attrs}"
+    );
+    assert!(
+        attrs.contains("BGP.local_pref: 250"),
+        "pool LOCAL_PREF: {attrs}"
+    );
+    wait_for("an ECMP kernel route on the router", || async {
+        let r = kernel_route(&n, &web);
+        r.contains("nexthop via 192.168.79.11") && r.contains("nexthop via 192.168.79.12")
+    })
+    .await;
+    let before = (echoes(&n1), echoes(&n2));
+    let answered = ping_from_sources(&cl, &web, &sources);
+    let spread = (echoes(&n1) - before.0, echoes(&n2) - before.1);
+    eprintln!(
+        "measured: {answered}/{} pings to {web} answered; node n1 answered {}, n2 {}",
+        sources.len(),
+        spread.0,
+        spread.1
+    );
+    assert_eq!(answered, sources.len(), "every client reaches the address");
+    assert!(
+        spread.0 > 0 && spread.1 > 0,
+        "flows spread over both nodes: {spread:?}"
+    );
+
+    // Local policy: announced via the nodes with a ready endpoint only.
+    services
+        .create(&pp, &lb_service("local", "Local"))
+        .await
+        .expect("local");
+    wait_for("local gets an address", || async {
+        ingress(&services, "local").await.is_some()
+    })
+    .await;
+    let local = ingress(&services, "local").await.unwrap_or_default();
+    let local_net = format!("{local}/32");
+    let m = metrics(&ccm);
+    assert!(
+        m.contains("ccm_metal_bgp_announced_load_balancer_addresses{family=\"IPv4\"} 1"),
+        "no ready endpoint: local's address is not announced\n{m}"
+    );
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
+    slices
+        .create(&pp, &endpoint_slice("local", "n1", true))
+        .await
+        .expect("slice");
+    wait_for("local's address via n1 only", || async {
+        learned(&router, &local_net, "192.168.79.11")
+            && !learned(&router, &local_net, "192.168.79.12")
+    })
+    .await;
+    let before = echoes(&n2);
+    assert_eq!(ping_from_sources(&cl, &local, &sources[..4]), 4);
+    assert_eq!(echoes(&n2), before, "n2 has no endpoint: no packet for it");
+    let moved = |node: &str, ready: bool| {
+        let mut s = endpoint_slice("local", node, ready);
+        s.metadata.resource_version = None;
+        serde_json::to_value(s).expect("json")
+    };
+    slices
+        .patch(
+            "local-abcde",
+            &PatchParams::default(),
+            &Patch::Merge(moved("n2", true)),
+        )
+        .await
+        .expect("move the endpoint");
+    wait_for("local's address moved to n2", || async {
+        learned(&router, &local_net, "192.168.79.12")
+            && !learned(&router, &local_net, "192.168.79.11")
+    })
+    .await;
+    wait_for("pings to local reach n2", || async {
+        let before = echoes(&n2);
+        ping_from_sources(&cl, &local, &sources[..1]) == 1 && echoes(&n2) > before
+    })
+    .await;
+    wait_for("metrics: two addresses, three paths", || async {
+        let m = metrics(&ccm);
+        m.contains("ccm_metal_bgp_announced_load_balancer_addresses{family=\"IPv4\"} 2")
+            && m.contains("ccm_metal_bgp_load_balancer_paths{family=\"IPv4\"} 3")
+    })
+    .await;
+    slices
+        .patch(
+            "local-abcde",
+            &PatchParams::default(),
+            &Patch::Merge(moved("n2", false)),
+        )
+        .await
+        .expect("endpoint not ready");
+    wait_for("local's address withdrawn: no ready endpoint", || async {
+        !birdc(&router, "show route").contains(&local_net)
+    })
+    .await;
+    assert!(
+        learned(&router, &web_net, "192.168.79.11"),
+        "web's address stays"
+    );
+
+    // A new term (the CCM restarts; graceful restart keeps the routes at the router
+    // meanwhile): the addresses the Services' statuses show are announced with the first
+    // routes, so the new daemon's End-of-RIB flushes none of them: no ping lost. The new
+    // term runs no service controller, so what the router has then comes from the term's
+    // start alone.
+    let web_addr: &'static str = Box::leak(web.clone().into_boxed_str());
+    let pinger = Pinger::start(cl.clone(), web_addr);
+    ccm.stop().await;
+    let ccm = Ccm::start(
+        &kubeconfig,
+        &cloud_config,
+        &["--controllers=route", "--cluster-cidr=10.244.0.0/16"],
+    )
+    .await
+    .expect("ccm starts again");
+    wait_for("the new term's session is up", || async {
+        metrics(&ccm).contains("ccm_metal_bgp_session_up{peer=\"192.168.79.1\"} 1")
+    })
+    .await;
+    wait_for("web's address via both nodes again", || async {
+        learned(&router, &web_net, "192.168.79.11")
+            && learned(&router, &web_net, "192.168.79.12")
+            && !birdc(&router, &format!("show route {web_net} all")).contains("stale")
+    })
+    .await;
+    assert_eq!(ping_from_sources(&cl, &web, &sources), sources.len());
+    let (sent, lost) = pinger.stop();
+    eprintln!("measured: CCM restart: {sent} pings to {web}, {lost} lost");
+    assert_eq!(lost, 0, "the new term keeps web's address announced");
+    ccm.stop().await;
+    let ccm = Ccm::start(&kubeconfig, &cloud_config, &["--controllers=service"])
+        .await
+        .expect("ccm starts with the service controller");
+
+    // The Service is deleted: its address is withdrawn.
+    services
+        .delete("web", &DeleteParams::default())
+        .await
+        .expect("delete web");
+    wait_for("web's address withdrawn", || async {
+        !birdc(&router, "show route").contains(&web_net) && kernel_route(&n, &web).is_empty()
+    })
+    .await;
+    assert_eq!(
+        ping_from_sources(&cl, &web, &sources[..2]),
+        0,
+        "nothing routes to a deleted Service's address"
+    );
+
+    // A Service that stops being a LoadBalancer: withdrawn.
+    slices
+        .patch(
+            "local-abcde",
+            &PatchParams::default(),
+            &Patch::Merge(moved("n1", true)),
+        )
+        .await
+        .expect("endpoint ready on n1");
+    wait_for("local's address via n1 again", || async {
+        learned(&router, &local_net, "192.168.79.11")
+    })
+    .await;
+    services
+        .patch(
+            "local",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"type": "ClusterIP", "externalTrafficPolicy": null}}),
+            ),
+        )
+        .await
+        .expect("local becomes ClusterIP");
+    wait_for(
+        "local's address withdrawn once it is no LoadBalancer",
+        || async { !birdc(&router, "show route").contains(&local_net) },
+    )
+    .await;
+    ccm.stop().await;
+}
+
 /// Options of a replica process (the manager's own flags).
 #[derive(clap::Parser)]
 struct ReplicaArgs {
@@ -701,7 +1101,8 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// Every peer option ccm-rs renders is one BIRD 2 accepts (`bird -p` parses the config).
+/// Every peer option ccm-rs renders, and LoadBalancer addresses with several next hops,
+/// communities and LOCAL_PREF, is one BIRD 2 accepts (`bird -p` parses the config).
 #[test]
 fn every_peer_option_renders_a_config_bird_accepts() {
     let Some(bird) = bird_bin("bird") else {
@@ -709,7 +1110,7 @@ fn every_peer_option_renders_a_config_bird_accepts() {
     };
     let config = ccm_provider_metal::MetalConfig::parse(
         "[routes]\nmode = \"bgp\"\n[routes.bgp]\nasn = 64512\nrouter_id = \"192.0.2.2\"\nhold_time = 30\n\
-         graceful_restart_time = 300\n\
+         graceful_restart_time = 300\nannounce_load_balancers = true\n\
          [[routes.bgp.peers]]\naddress = \"192.0.2.1\"\nasn = 64501\npassword = \"s3cret pw\"\nttl_security = true\n\
          [[routes.bgp.peers]]\naddress = \"2001:db8::1\"\nasn = 64512\nmultihop = 4\nhold_time = 0\nport = 1179\n\
          [[routes.bgp.peers]]\naddress = \"198.51.100.1\"\nasn = 4200000000\n",
@@ -726,7 +1127,43 @@ fn every_peer_option_renders_a_config_bird_accepts() {
             "2001:db8::11".parse().expect("ip"),
         ),
     ]);
-    let text = ccm_provider_metal::bgp::bird::render(&bgp, &routes);
+    use ccm_provider_metal::bgp::config::Community;
+    use ccm_provider_metal::bgp::vips::VipRoute;
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().expect("ip");
+    let vips = std::collections::BTreeMap::from([
+        (
+            "198.51.100.10/32".parse().expect("net"),
+            VipRoute {
+                next_hops: [ip("192.0.2.11"), ip("192.0.2.12")].into(),
+                communities: vec![
+                    Community::Standard(64512, 100),
+                    Community::Large(4200000000, 1, 2),
+                ],
+                local_pref: Some(250),
+            },
+        ),
+        (
+            "2001:db8:1::10/128".parse().expect("net"),
+            VipRoute {
+                next_hops: [ip("2001:db8::11")].into(),
+                communities: vec![],
+                local_pref: None,
+            },
+        ),
+    ]);
+    let text = ccm_provider_metal::bgp::bird::render_all(&bgp, &routes, &vips);
+    for want in [
+        "graceful restart wait 10;",
+        "add paths tx;",
+        "protocol static ccm_lb4_192_0_2_11",
+        "protocol static ccm_lb4_192_0_2_12",
+        "protocol static ccm_lb6_2001_db8_0_0_0_0_0_11",
+        "bgp_community.add((64512,100));",
+        "bgp_large_community.add((4200000000,1,2));",
+        "bgp_local_pref = 250;",
+    ] {
+        assert!(text.contains(want), "{want} missing:\n{text}");
+    }
     let dir = TempDir::new("bird-parse");
     let conf = dir.0.join("bird.conf");
     std::fs::write(&conf, &text).expect("conf");

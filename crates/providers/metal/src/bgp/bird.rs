@@ -15,7 +15,12 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
-use super::config::{BgpSettings, Peer};
+use super::config::{BgpSettings, Community, Peer};
+use super::vips::VipRoute;
+
+/// Seconds a starting daemon waits for every session's End-of-RIB before announcing (BIRD's
+/// `graceful restart wait`): bounds what an unreachable peer delays at a term's start.
+pub const GR_RECOVERY_WAIT: u16 = 10;
 
 /// How long one `birdc` command may take.
 const BIRDC_TIMEOUT: Duration = Duration::from_secs(10);
@@ -69,9 +74,13 @@ impl Bird {
         self.settings.run_dir.join("bird.ctl")
     }
 
-    /// Writes the daemon's config for `routes` (pod CIDR → next hop), atomically, readable by
-    /// the owner only.
-    pub(crate) async fn write_config(&self, routes: &BTreeMap<IpNet, IpAddr>) -> io::Result<()> {
+    /// Writes the daemon's config for `routes` (pod CIDR → next hop) and `vips` (LoadBalancer
+    /// addresses → next hops), atomically, readable by the owner only.
+    pub(crate) async fn write_config(
+        &self,
+        routes: &BTreeMap<IpNet, IpAddr>,
+        vips: &BTreeMap<IpNet, VipRoute>,
+    ) -> io::Result<()> {
         use tokio::io::AsyncWriteExt as _;
         tokio::fs::create_dir_all(&self.settings.run_dir).await?;
         let tmp = self.settings.run_dir.join("bird.conf.tmp");
@@ -83,7 +92,7 @@ impl Bird {
             .mode(0o600)
             .open(&tmp)
             .await?;
-        f.write_all(render(&self.settings, routes).as_bytes())
+        f.write_all(render_all(&self.settings, routes, vips).as_bytes())
             .await?;
         f.sync_all().await?;
         drop(f);
@@ -145,9 +154,15 @@ impl Bird {
                 .arg(format!("--net={}", ns.display()))
                 .arg("--");
         }
-        cmd.arg(&self.bird)
-            .arg("-f")
-            .arg("-c")
+        cmd.arg(&self.bird).arg("-f");
+        if self.settings.graceful_restart.is_some() {
+            // Graceful-restart recovery: the sessions' OPEN says the forwarding state was kept,
+            // so the routers keep the previous leader's routes until this daemon's End-of-RIB
+            // (without it they flush them the moment the session is up, before the new
+            // announcements arrive).
+            cmd.arg("-R");
+        }
+        cmd.arg("-c")
             .arg(self.conf())
             .arg("-s")
             .arg(self.socket())
@@ -228,10 +243,38 @@ fn find(name: &str) -> PathBuf {
         .unwrap_or_else(|| Path::new("/usr/sbin").join(name))
 }
 
-/// The daemon's config: one static protocol per family holding the announced prefixes (as
-/// blackholes, which nothing installs: the daemon has no kernel protocol), and an export filter
-/// that sets each prefix's BGP next hop to its Node's address.
+/// The daemon's config for pod CIDRs only (see [`render_all`]).
 pub fn render(s: &BgpSettings, routes: &BTreeMap<IpNet, IpAddr>) -> String {
+    render_all(s, routes, &BTreeMap::new())
+}
+
+/// The name of the static protocol holding the LoadBalancer addresses served by `nh`: one
+/// protocol per next hop, named after it, so each address has one route (one BGP path) per
+/// Node, and a Node joining or leaving touches only its own protocol.
+pub(crate) fn vip_protocol_name(nh: &IpAddr) -> String {
+    match nh {
+        IpAddr::V4(a) => {
+            let o = a.octets();
+            format!("ccm_lb4_{}_{}_{}_{}", o[0], o[1], o[2], o[3])
+        }
+        IpAddr::V6(a) => {
+            let segs: Vec<String> = a.segments().iter().map(|s| format!("{s:x}")).collect();
+            format!("ccm_lb6_{}", segs.join("_"))
+        }
+    }
+}
+
+/// The daemon's config: one static protocol per family holding the announced pod CIDRs, and
+/// one per LoadBalancer next hop holding the addresses that Node serves (all as blackholes,
+/// which nothing installs: the daemon has no kernel protocol); an export filter that sets
+/// each route's BGP next hop to its Node's address, and the pool's communities and
+/// LOCAL_PREF on the addresses. With addresses to announce, every session sends all paths of
+/// a prefix (ADD-PATH `tx`); a router that does not take them gets the best one.
+pub fn render_all(
+    s: &BgpSettings,
+    routes: &BTreeMap<IpNet, IpAddr>,
+    vips: &BTreeMap<IpNet, VipRoute>,
+) -> String {
     let mut c = String::from(
         "# Written by ccm-rs (cloud-provider metal, routes.mode = \"bgp\"); rewritten on every change.\n",
     );
@@ -239,6 +282,11 @@ pub fn render(s: &BgpSettings, routes: &BTreeMap<IpNet, IpAddr>) -> String {
         let _ = writeln!(c, "router id {id};");
     }
     c.push_str("log stderr { warning, error, fatal, bug, auth, remote };\nprotocol device { scan time 60; }\n");
+    if s.graceful_restart.is_some() {
+        // Recovery (`bird -R`) holds every export until all sessions are up and have sent
+        // End-of-RIB; a router that is down must not hold the others' announcements longer.
+        let _ = writeln!(c, "graceful restart wait {GR_RECOVERY_WAIT};");
+    }
     for (name, family, v4) in [("ccm_v4", "ipv4", true), ("ccm_v6", "ipv6", false)] {
         let _ = writeln!(c, "protocol static {name} {{\n  {family};");
         for net in routes.keys().filter(|n| matches!(n, IpNet::V4(_)) == v4) {
@@ -246,23 +294,66 @@ pub fn render(s: &BgpSettings, routes: &BTreeMap<IpNet, IpAddr>) -> String {
         }
         c.push_str("}\n");
     }
-    c.push_str(
-        "filter ccm_export {\n  if proto != \"ccm_v4\" && proto != \"ccm_v6\" then reject;\n",
-    );
+    let mut by_hop: BTreeMap<IpAddr, Vec<IpNet>> = BTreeMap::new();
+    for (net, r) in vips {
+        for nh in &r.next_hops {
+            by_hop.entry(*nh).or_default().push(*net);
+        }
+    }
+    for (nh, nets) in &by_hop {
+        let family = if nh.is_ipv4() { "ipv4" } else { "ipv6" };
+        let _ = writeln!(
+            c,
+            "protocol static {} {{\n  {family};",
+            vip_protocol_name(nh)
+        );
+        for net in nets.iter().filter(|n| n.addr().is_ipv4() == nh.is_ipv4()) {
+            let _ = writeln!(c, "  route {net} blackhole;");
+        }
+        c.push_str("}\n");
+    }
+    c.push_str("filter ccm_export {\n  if proto = \"ccm_v4\" || proto = \"ccm_v6\" then {\n");
     for (net, gw) in routes {
         let _ = writeln!(
             c,
-            "  if net = {net} then {{ bgp_next_hop = {gw}; accept; }}"
+            "    if net = {net} then {{ bgp_next_hop = {gw}; accept; }}"
         );
     }
+    c.push_str("    reject;\n  }\n");
+    for nh in by_hop.keys() {
+        let _ = writeln!(c, "  if proto = \"{}\" then {{", vip_protocol_name(nh));
+        let _ = writeln!(c, "    bgp_next_hop = {nh};");
+        for (net, r) in vips.iter().filter(|(_, r)| r.next_hops.contains(nh)) {
+            if r.communities.is_empty() && r.local_pref.is_none() {
+                continue;
+            }
+            let _ = write!(c, "    if net = {net} then {{");
+            for comm in &r.communities {
+                match comm {
+                    Community::Standard(a, b) => {
+                        let _ = write!(c, " bgp_community.add(({a},{b}));");
+                    }
+                    Community::Large(a, b, l) => {
+                        let _ = write!(c, " bgp_large_community.add(({a},{b},{l}));");
+                    }
+                }
+            }
+            if let Some(lp) = r.local_pref {
+                let _ = write!(c, " bgp_local_pref = {lp};");
+            }
+            c.push_str(" }\n");
+        }
+        c.push_str("    accept;\n  }\n");
+    }
     c.push_str("  reject;\n}\n");
+    let add_paths = s.announce_load_balancers;
     for (i, p) in s.peers.iter().enumerate() {
-        render_peer(&mut c, s, i, p);
+        render_peer(&mut c, s, i, p, add_paths);
     }
     c
 }
 
-fn render_peer(c: &mut String, s: &BgpSettings, i: usize, p: &Peer) {
+fn render_peer(c: &mut String, s: &BgpSettings, i: usize, p: &Peer, add_paths: bool) {
     let _ = writeln!(c, "protocol bgp {} {{", protocol_name(i));
     let _ = writeln!(c, "  local as {};", s.asn);
     match p.port {
@@ -295,8 +386,11 @@ fn render_peer(c: &mut String, s: &BgpSettings, i: usize, p: &Peer) {
     if let Some(h) = p.multihop {
         let _ = writeln!(c, "  multihop {h};");
     }
-    c.push_str("  ipv4 { import none; export filter ccm_export; };\n");
-    c.push_str("  ipv6 { import none; export filter ccm_export; };\n}\n");
+    let add = if add_paths { " add paths tx;" } else { "" };
+    let _ = writeln!(
+        c,
+        "  ipv4 {{ import none; export filter ccm_export;{add} }};\n  ipv6 {{ import none; export filter ccm_export;{add} }};\n}}"
+    );
 }
 
 /// Our sessions from `birdc show protocols` output.
@@ -341,14 +435,19 @@ mod tests {
                 hold_time: 9,
                 port: None,
             }],
+            announce_load_balancers: false,
         };
         let bird = Bird::new(&settings, None);
         let routes = BTreeMap::from([(
             "10.244.1.0/24".parse().expect("net"),
             "192.0.2.11".parse().expect("ip"),
         )]);
-        bird.write_config(&routes).await.expect("write");
-        bird.write_config(&routes).await.expect("rewrite");
+        bird.write_config(&routes, &BTreeMap::new())
+            .await
+            .expect("write");
+        bird.write_config(&routes, &BTreeMap::new())
+            .await
+            .expect("rewrite");
         let meta = std::fs::metadata(dir.join("bird.conf")).expect("conf");
         let text = std::fs::read_to_string(dir.join("bird.conf")).expect("conf");
         let _ = std::fs::remove_dir_all(&dir);

@@ -41,6 +41,10 @@ pub struct BgpConfig {
     /// The routers (or route reflectors) to announce to.
     #[serde(default)]
     pub peers: Vec<PeerConfig>,
+    /// Also announce each LoadBalancer address as a /32 (/128) with one path per Node that
+    /// can serve it (ADD-PATH), default false.
+    #[serde(default)]
+    pub announce_load_balancers: bool,
 }
 
 /// `[[routes.bgp.peers]]` as written.
@@ -82,6 +86,51 @@ pub struct BgpSettings {
     pub run_dir: PathBuf,
     /// The peers.
     pub peers: Vec<Peer>,
+    /// LoadBalancer addresses are announced too (one path per serving Node, ADD-PATH).
+    pub announce_load_balancers: bool,
+}
+
+/// A BGP community a pool's addresses carry: standard (RFC 1997, `65000:100`) or large
+/// (RFC 8092, `4200000000:1:2`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Community {
+    /// `asn:value`, 16 bits each.
+    Standard(u16, u16),
+    /// `global:local1:local2`, 32 bits each.
+    Large(u32, u32, u32),
+}
+
+impl Community {
+    /// Parses `a:b` (standard) or `a:b:c` (large).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = text.split(':').collect();
+        let want = || {
+            format!(
+                "a community \"asn:value\" (0-65535 each, e.g. \"64512:100\") or a large community \"global:local1:local2\" (0-4294967295 each); got {text:?}"
+            )
+        };
+        match parts.as_slice() {
+            [a, b] => Ok(Community::Standard(
+                a.parse().map_err(|_| want())?,
+                b.parse().map_err(|_| want())?,
+            )),
+            [a, b, c] => Ok(Community::Large(
+                a.parse().map_err(|_| want())?,
+                b.parse().map_err(|_| want())?,
+                c.parse().map_err(|_| want())?,
+            )),
+            _ => Err(want()),
+        }
+    }
+}
+
+impl std::fmt::Display for Community {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Community::Standard(a, b) => write!(f, "{a}:{b}"),
+            Community::Large(a, b, c) => write!(f, "{a}:{b}:{c}"),
+        }
+    }
 }
 
 /// One checked peer.
@@ -182,6 +231,7 @@ pub fn check(file: Option<BgpConfig>) -> Result<BgpSettings, ConfigError> {
         birdc: b.birdc,
         run_dir: b.run_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR)),
         peers,
+        announce_load_balancers: b.announce_load_balancers,
     })
 }
 
@@ -247,6 +297,23 @@ mod tests {
             parse("asn = 64512\n[[peers]]\naddress = \"192.0.2.1\"\nasn = 64500\n").expect("valid");
         assert_eq!(s.graceful_restart, Some(DEFAULT_RESTART_TIME));
         assert_eq!(s.peers[0].hold_time, DEFAULT_HOLD_TIME);
+        assert!(!s.announce_load_balancers);
+    }
+
+    #[test]
+    fn communities_parse_and_print() {
+        assert_eq!(
+            Community::parse("64512:100"),
+            Ok(Community::Standard(64512, 100))
+        );
+        assert_eq!(
+            Community::parse("4200000000:1:2"),
+            Ok(Community::Large(4200000000, 1, 2))
+        );
+        for bad in ["", "1", "65536:1", "a:b", "1:2:3:4", "-1:2"] {
+            assert!(Community::parse(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(Community::Large(1, 2, 3).to_string(), "1:2:3");
     }
 
     #[test]

@@ -49,6 +49,10 @@ pub struct Pool {
     pub namespaces: Vec<String>,
     /// Labels a Service must carry (empty: any Service).
     pub service_selector: BTreeMap<String, String>,
+    /// BGP communities the pool's addresses carry when announced.
+    pub bgp_communities: Vec<crate::bgp::config::Community>,
+    /// BGP LOCAL_PREF of the pool's addresses (sent to iBGP peers only, as BGP does).
+    pub bgp_local_pref: Option<u32>,
 }
 
 impl Pool {

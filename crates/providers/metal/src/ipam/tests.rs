@@ -21,6 +21,8 @@ fn pool(name: &str, ranges: &[&str]) -> Pool {
         use_network_and_broadcast: false,
         namespaces: vec![],
         service_selector: BTreeMap::new(),
+        bgp_communities: vec![],
+        bgp_local_pref: None,
     }
 }
 
