@@ -258,7 +258,10 @@ impl NeutronRoutes {
         let (op, method) = if add {
             ("network PUT /v2.0/routers/{id}/tags/{tag}", Method::PUT)
         } else {
-            ("network DELETE /v2.0/routers/{id}/tags/{tag}", Method::DELETE)
+            (
+                "network DELETE /v2.0/routers/{id}/tags/{tag}",
+                Method::DELETE,
+            )
         };
         let path = format!("/v2.0/routers/{}/tags/{}", enc(&self.router_id), enc(tag));
         let reply = self.call(op, method, &path, &[], None).await?;
@@ -444,7 +447,11 @@ impl Routes for NeutronRoutes {
         for (dest, r) in mine {
             let owners: Vec<&NetPort> = ports
                 .iter()
-                .filter(|p| p.fixed_ips.iter().any(|f| same_ip(&f.ip_address, &r.nexthop)))
+                .filter(|p| {
+                    p.fixed_ips
+                        .iter()
+                        .any(|f| same_ip(&f.ip_address, &r.nexthop))
+                })
                 .collect();
             let node = match owners.as_slice() {
                 [p] => servers.get(&p.device_id).filter(|n| !n.is_empty()),
@@ -481,7 +488,12 @@ impl Routes for NeutronRoutes {
         Ok(out)
     }
 
-    async fn create_route(&self, cluster: &str, _name_hint: &str, route: &Route) -> CloudResult<()> {
+    async fn create_route(
+        &self,
+        cluster: &str,
+        _name_hint: &str,
+        route: &Route,
+    ) -> CloudResult<()> {
         let cidr = parse_cidr(&route.destination_cidr)?;
         let hop = next_hop(&route.target_node, &route.target_node_addresses, &cidr)?;
         let pairs_ext = self.extensions().await?;
@@ -576,7 +588,9 @@ mod tests {
 
     #[test]
     fn tags_fit_neutron_and_differ_by_cluster() {
-        let v6: IpNet = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff00/120".parse().unwrap();
+        let v6: IpNet = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff00/120"
+            .parse()
+            .unwrap();
         let t = route_tag("a-very-long-cluster-name-that-goes-on-and-on-and-on", &v6);
         assert!(t.len() <= MAX_TAG_LEN, "{t} is {} long", t.len());
         assert!(!t.contains('/') && !t.contains(','));

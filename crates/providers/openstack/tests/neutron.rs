@@ -181,7 +181,10 @@ async fn neutron_routes_and_conformance_on_one_stack() {
         d.get("network PUT /v2.0/routers/{id}/add_extraroutes"),
         Some(&1)
     );
-    assert!(!d.contains_key("network PUT /v2.0/routers/{id}"), "no whole-list update: {d:?}");
+    assert!(
+        !d.contains_key("network PUT /v2.0/routers/{id}"),
+        "no whole-list update: {d:?}"
+    );
     assert_eq!(
         router_routes(&stack, "r1"),
         vec![(CIDR_A.to_string(), "10.20.0.11".to_string())]
@@ -265,16 +268,29 @@ async fn neutron_routes_and_conformance_on_one_stack() {
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert!(listed[0].blackhole, "{listed:?}");
     assert_eq!(listed[0].target_node, "10.20.0.12");
-    r.delete_route(k, &listed[0]).await.expect("delete blackhole");
+    r.delete_route(k, &listed[0])
+        .await
+        .expect("delete blackhole");
     assert!(router_routes(&stack, "r1").is_empty());
 
     // Errors, never an empty answer: a router that does not exist …
-    let wrong = stack.cloud_with("ccm-secret", "[Route]\nrouter-id = 00000000-0000-4000-8000-000000000000\n");
+    let wrong = stack.cloud_with(
+        "ccm-secret",
+        "[Route]\nrouter-id = 00000000-0000-4000-8000-000000000000\n",
+    );
     let w = routes_of(&wrong);
     let e = w.list_routes(k).await.expect_err("wrong router: list");
     assert!(e.to_string().contains("router-id"), "{e}");
-    assert!(w.create_route(k, "x", &route("node-a", "10.20.0.11", CIDR_A)).await.is_err());
-    assert!(w.delete_route(k, &route("node-a", "10.20.0.11", CIDR_A)).await.is_err());
+    assert!(
+        w.create_route(k, "x", &route("node-a", "10.20.0.11", CIDR_A))
+            .await
+            .is_err()
+    );
+    assert!(
+        w.delete_route(k, &route("node-a", "10.20.0.11", CIDR_A))
+            .await
+            .is_err()
+    );
 
     conformance(&stack, &net).await;
 
@@ -292,12 +308,19 @@ async fn neutron_routes_and_conformance_on_one_stack() {
         assert!(Instant::now() < deadline, "Neutron still answering");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert!(r.create_route(k, "x", &route("node-a", "10.20.0.11", CIDR_B)).await.is_err());
-    assert!(r.delete_route(k, &route("node-a", "10.20.0.11", CIDR_A)).await.is_err());
+    assert!(
+        r.create_route(k, "x", &route("node-a", "10.20.0.11", CIDR_B))
+            .await
+            .is_err()
+    );
+    assert!(
+        r.delete_route(k, &route("node-a", "10.20.0.11", CIDR_A))
+            .await
+            .is_err()
+    );
     drop(stack);
     eprintln!("wall time: {:?}", t0.elapsed());
 }
-
 
 // ---- The conformance suite on the same stack ----
 
@@ -327,8 +350,10 @@ impl FaultServer {
                     let n = sock.read(&mut buf).await.unwrap_or(0);
                     let head = String::from_utf8_lossy(&buf[..n]).to_string();
                     let resp = if head.starts_with("POST /v3/auth/tokens") {
-                        let ep = |t: &str| serde_json::json!({"type": t, "endpoints": [
-                            {"interface": "public", "region_id": "RegionOne", "region": "RegionOne", "url": base}]});
+                        let ep = |t: &str| {
+                            serde_json::json!({"type": t, "endpoints": [
+                            {"interface": "public", "region_id": "RegionOne", "region": "RegionOne", "url": base}]})
+                        };
                         let body = serde_json::json!({"token": {
                             "expires_at": "2099-01-01T00:00:00Z",
                             "catalog": [ep("compute"), ep("network")]}})
@@ -446,6 +471,7 @@ struct OsHarness {
     /// Node name → server id.
     ids: Mutex<BTreeMap<String, String>>,
     next_ip: Mutex<u8>,
+    serial: tokio::sync::Mutex<()>,
 }
 
 fn k8s_node(name: &str, ip: &str) -> Node {
@@ -489,14 +515,24 @@ impl OsHarness {
     async fn wait(&self, id: &str, want: &str) -> HarnessResult<()> {
         for _ in 0..120 {
             let s = self
-                .os(vec!["server".into(), "show".into(), "-f".into(), "value".into(), "-c".into(), "status".into(), id.into()])
+                .os(vec![
+                    "server".into(),
+                    "show".into(),
+                    "-f".into(),
+                    "value".into(),
+                    "-c".into(),
+                    "status".into(),
+                    id.into(),
+                ])
                 .await?;
             if s == want {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        Err(HarnessError::Failed(format!("server {id} never reached {want}")))
+        Err(HarnessError::Failed(format!(
+            "server {id} never reached {want}"
+        )))
     }
 }
 
@@ -510,6 +546,8 @@ impl Harness for OsHarness {
     /// InternalIP (`device_id` = the server).
     async fn create_instance(&self, name: &str) -> HarnessResult<Node> {
         let (name_c, ks) = (name.to_string(), self.ks.clone());
+        // One cloud change at a time: Nova on sqlite fails builds that overlap other writes.
+        let _one = self.serial.lock().await;
         let id = tokio::task::spawn_blocking(move || support::boot_at(&ks, &name_c))
             .await
             .map_err(|e| HarnessError::Failed(e.to_string()))?
@@ -519,35 +557,46 @@ impl Harness for OsHarness {
             *n += 1;
             format!("10.20.0.{}", *n)
         };
-        self.os(
-            [
-                "port", "create", "--network", "pods-net", "--fixed-ip",
-                &format!("subnet=pods-sub,ip-address={ip}"), "--device", &id,
-                "--device-owner", "compute:nova", &format!("{name}-port"),
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        )
-        .await?;
+        self.os([
+            "port",
+            "create",
+            "--network",
+            "pods-net",
+            "--fixed-ip",
+            &format!("subnet=pods-sub,ip-address={ip}"),
+            "--device",
+            &id,
+            "--device-owner",
+            "compute:nova",
+            &format!("{name}-port"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect())
+            .await?;
         self.ids.lock().insert(name.to_string(), id);
         Ok(k8s_node(name, &ip))
     }
 
     async fn stop_instance(&self, node: &Node) -> HarnessResult<()> {
         let id = self.id(node)?;
-        self.os(vec!["server".into(), "stop".into(), id.clone()]).await?;
+        let _one = self.serial.lock().await;
+        self.os(vec!["server".into(), "stop".into(), id.clone()])
+            .await?;
         self.wait(&id, "SHUTOFF").await
     }
 
     async fn start_instance(&self, node: &Node) -> HarnessResult<()> {
         let id = self.id(node)?;
-        self.os(vec!["server".into(), "start".into(), id.clone()]).await?;
+        let _one = self.serial.lock().await;
+        self.os(vec!["server".into(), "start".into(), id.clone()])
+            .await?;
         self.wait(&id, "ACTIVE").await
     }
 
     async fn terminate_instance(&self, node: &Node) -> HarnessResult<()> {
         let id = self.id(node)?;
+        let _one = self.serial.lock().await;
         self.os(vec!["server".into(), "delete".into(), "--wait".into(), id])
             .await
             .map(drop)
@@ -611,6 +660,7 @@ async fn conformance(stack: &Stack, net: &Net) {
         ks: stack.ks_url.clone(),
         ids: Mutex::new(BTreeMap::new()),
         next_ip: Mutex::new(100),
+        serial: tokio::sync::Mutex::new(()),
     };
     let suite = Suite::new(Arc::new(harness), SuiteOptions::new(Level::Destructive));
     let report = suite.run().await;
@@ -636,4 +686,78 @@ async fn conformance(stack: &Stack, net: &Net) {
             report.summary()
         );
     }
+}
+
+/// A Neutron without `extraroute-atomic`: every routes call is an error naming it, and nothing
+/// is written (no whole-list rewrite of the router's routes as a fallback). A stand-in Neutron
+/// (Keystone token, catalog, an extensions list without the extension, a router with one route
+/// of this cluster), no stack needed.
+#[tokio::test]
+async fn without_extraroute_atomic_routes_are_an_error_and_nothing_is_written() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let writes = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (w, b) = (writes.clone(), base.clone());
+    let cidr: ipnet::IpNet = CIDR_A.parse().expect("cidr");
+    let tag = route_tag("kubernetes", &cidr);
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let (w, b, tag) = (w.clone(), b.clone(), tag.clone());
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut buf = [0u8; 16384];
+                let n = sock.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                let line = head.lines().next().unwrap_or_default().to_string();
+                let (code, extra, body) = if line.starts_with("POST /v3/auth/tokens") {
+                    let body = serde_json::json!({"token": {"expires_at": "2099-01-01T00:00:00Z",
+                        "catalog": [{"type": "network", "endpoints": [{"interface": "public",
+                        "region_id": "RegionOne", "url": b}]}]}});
+                    (201, "x-subject-token: t\r\n", body.to_string())
+                } else if line.starts_with("GET /v2.0/extensions") {
+                    let body = serde_json::json!({"extensions": [
+                        {"alias": "extraroute"}, {"alias": "standard-attr-tag"},
+                        {"alias": "allowed-address-pairs"}]});
+                    (200, "", body.to_string())
+                } else if line.starts_with("GET /v2.0/routers/") {
+                    let body = serde_json::json!({"router": {"id": "r1", "tags": [tag],
+                        "routes": [{"destination": CIDR_A, "nexthop": "10.20.0.11"}]}});
+                    (200, "", body.to_string())
+                } else {
+                    w.lock().push(line);
+                    (200, "", "{}".to_string())
+                };
+                let resp = format!(
+                    "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = sock.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    let text = format!(
+        "[Global]\nauth-url = {base}/v3\nusername = ccm\npassword = x\ntenant-name = ccm\ndomain-id = default\nregion = RegionOne\n[Route]\nrouter-id = r1\n"
+    );
+    let cloud = OpenStackCloud::with_regional_provider_id(
+        OpenStackConfig::parse(&text).expect("parses"),
+        false,
+    )
+    .expect("provider");
+    let r = routes_of(&cloud);
+    let k = "kubernetes";
+    let e = r.list_routes(k).await.expect_err("list");
+    assert!(e.to_string().contains("extraroute-atomic"), "{e}");
+    let e = r
+        .create_route(k, "u", &route("node-a", "10.20.0.12", CIDR_B))
+        .await
+        .expect_err("create");
+    assert!(e.to_string().contains("extraroute-atomic"), "{e}");
+    let e = r
+        .delete_route(k, &route("node-a", "10.20.0.11", CIDR_A))
+        .await
+        .expect_err("delete");
+    assert!(e.to_string().contains("extraroute-atomic"), "{e}");
+    assert!(writes.lock().is_empty(), "writes: {:?}", writes.lock());
 }

@@ -154,10 +154,13 @@ impl Stack {
     }
 }
 
-
 /// The real `openstack` client as the cluster's user of the stack at `ks_url`.
 pub fn openstack_at(ks_url: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(venv().join("bin/openstack"))
+    // Bounded: on the one-host fake cloud (Nova on sqlite) a build can stay in BUILD for good
+    // after a "database is locked"; `--wait` would then never return.
+    let out = Command::new("timeout")
+        .arg("150")
+        .arg(venv().join("bin/openstack"))
         .args(args)
         .env("OS_AUTH_URL", ks_url)
         .env("OS_USERNAME", "ccm")
@@ -190,7 +193,10 @@ pub fn boot_at(ks_url: &str, name: &str) -> Result<String, String> {
             Ok(id) => return Ok(id),
             Err(e) => last = e,
         }
-        let fault = openstack_at(ks_url, &["server", "show", "-f", "value", "-c", "fault", name]);
+        let fault = openstack_at(
+            ks_url,
+            &["server", "show", "-f", "value", "-c", "fault", name],
+        );
         eprintln!("boot {name} failed ({last}); fault: {fault:?}; retrying");
         let _ = openstack_at(ks_url, &["server", "delete", "--wait", name]);
     }
