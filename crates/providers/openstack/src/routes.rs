@@ -46,10 +46,13 @@ pub const EXT_TAGS: &str = "standard-attr-tag";
 /// Optional: without it the ports are not touched (as upstream).
 pub const EXT_PAIRS: &str = "allowed-address-pairs";
 
+/// (cluster, canonical CIDR) → (next hop, the Node's addresses on create).
+type Created = HashMap<(String, String), (String, Vec<NodeAddressKey>)>;
+
 /// What this process remembers per route it created: the next hop and the Node's addresses.
 #[derive(Default)]
 pub(crate) struct RouteState {
-    created: parking_lot::Mutex<HashMap<(String, String), (String, Vec<NodeAddressKey>)>>,
+    created: parking_lot::Mutex<Created>,
     /// `Some(allowed-address-pairs present)` once the extensions were checked.
     extensions: parking_lot::Mutex<Option<bool>>,
 }

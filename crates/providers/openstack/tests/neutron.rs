@@ -488,7 +488,6 @@ fn k8s_node(name: &str, ip: &str) -> Node {
             }]),
             ..Default::default()
         }),
-        ..Default::default()
     }
 }
 
