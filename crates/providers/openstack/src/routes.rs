@@ -16,8 +16,9 @@
 //!
 //! Node names come from Neutron and Nova, not the cluster: next hop → the port holding that
 //! fixed IP on one of the router's networks → its `device_id` → the Nova server of that id →
-//! its name (the Node's name, as for instances by name). A next hop whose port or server is
-//! absent from complete listings is a blackhole. `target_node_addresses` is what the route was
+//! its name (the Node's name, as for instances by name). A next hop whose port is absent from
+//! the listing, or whose server is absent from Nova's listing and confirmed by Nova's own 404,
+//! is a blackhole; any error, or a server of an unreachable cell, fails the listing. `target_node_addresses` is what the route was
 //! created with, remembered in memory with `enable_node_addresses = true`, so an address change
 //! re-creates the route; a route created before this process started is reported with
 //! `enable_node_addresses = false` (kept as it is) until it is created again.
@@ -436,7 +437,8 @@ impl Routes for NeutronRoutes {
         hops.sort();
         hops.dedup();
         let ports = self.ports_by_ip(&networks, &hops).await?;
-        let servers: BTreeMap<String, String> = if ports.iter().any(|p| !p.device_id.is_empty()) {
+        let mut servers: BTreeMap<String, String> = if ports.iter().any(|p| !p.device_id.is_empty())
+        {
             nova::list_servers(self.cloud.keystone())
                 .await?
                 .into_iter()
@@ -445,6 +447,25 @@ impl Routes for NeutronRoutes {
         } else {
             BTreeMap::new()
         };
+        // A device missing from the listing is absent only on Nova's own 404 for it (as for
+        // instances); a server of a cell Nova cannot reach has no name: an error, not a
+        // blackhole.
+        for p in &ports {
+            if p.device_id.is_empty() || servers.contains_key(&p.device_id) {
+                continue;
+            }
+            if let Some(s) = nova::get_server(self.cloud.keystone(), &p.device_id).await? {
+                servers.insert(s.id, s.name);
+            }
+        }
+        if let Some((id, _)) = servers
+            .iter()
+            .find(|(id, name)| name.is_empty() && ports.iter().any(|p| &p.device_id == *id))
+        {
+            return Err(CloudError::Transient(format!(
+                "list_routes: server {id} behind a next hop has no name in Nova's listing (a cell Nova cannot reach?); its route's Node is unknown"
+            )));
+        }
         let created = self.state().created.lock().clone();
         let mut out = Vec::with_capacity(mine.len());
         for (dest, r) in mine {
@@ -457,8 +478,16 @@ impl Routes for NeutronRoutes {
                 })
                 .collect();
             let node = match owners.as_slice() {
-                [p] => servers.get(&p.device_id).filter(|n| !n.is_empty()),
-                _ => None,
+                [] => None,
+                [p] => servers.get(&p.device_id),
+                _ => {
+                    return Err(CloudError::Permanent(format!(
+                        "list_routes: next hop {} of route {dest}: {} ports hold it on the networks of router {:?}; which Node it is, is ambiguous",
+                        r.nexthop,
+                        owners.len(),
+                        self.router_id
+                    )));
+                }
             };
             let cidr = dest.to_string();
             out.push(match node {
