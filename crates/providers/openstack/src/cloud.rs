@@ -5,12 +5,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ccm_cloud::{
     CloudError, CloudProvider, CloudResult, ConfigError, InitContext, Instances, ProviderRegistry,
-    RegistryError,
+    RegistryError, Routes,
 };
 
 use crate::config::OpenStackConfig;
 use crate::http::Http;
 use crate::keystone::Keystone;
+use crate::routes::{NeutronRoutes, RouteState};
 
 /// `--cloud-provider` name and providerID scheme.
 pub const PROVIDER_NAME: &str = "openstack";
@@ -23,9 +24,10 @@ struct Inner {
     http: Arc<Http>,
     keystone: Keystone,
     regional: bool,
+    routes: RouteState,
 }
 
-/// The OpenStack provider: Keystone auth and batched Nova instances.
+/// The OpenStack provider: Keystone auth, batched Nova instances, Neutron extraroutes.
 #[derive(Clone)]
 pub struct OpenStackCloud(Arc<Inner>);
 
@@ -57,6 +59,7 @@ impl OpenStackCloud {
             http,
             keystone,
             regional,
+            routes: RouteState::default(),
         })))
     }
 
@@ -68,6 +71,10 @@ impl OpenStackCloud {
     /// The Keystone client (token, catalog), shared by every call of this provider.
     pub fn keystone(&self) -> &Keystone {
         &self.0.keystone
+    }
+
+    pub(crate) fn route_state(&self) -> &RouteState {
+        &self.0.routes
     }
 
     pub(crate) fn regional_provider_id(&self) -> bool {
@@ -94,6 +101,15 @@ impl CloudProvider for OpenStackCloud {
     fn instances(&self) -> Option<Arc<dyn Instances>> {
         Some(Arc::new(self.clone()))
     }
+
+    /// Neutron extraroutes on `[Route] router-id`; `None` when it is unset (as upstream).
+    fn routes(&self) -> Option<Arc<dyn Routes>> {
+        let router_id = self.config().router_id.clone().filter(|r| !r.is_empty())?;
+        Some(Arc::new(NeutronRoutes {
+            cloud: self.clone(),
+            router_id,
+        }))
+    }
 }
 
 impl OpenStackCloud {
@@ -119,9 +135,6 @@ pub fn register(registry: &mut ProviderRegistry) -> Result<(), RegistryError> {
         let config = OpenStackConfig::from_cloud_config(cfg)?;
         for (key, _) in &config.load_balancer {
             tracing::warn!(key, "[LoadBalancer] is not built yet in ccm-rs's openstack provider; the key has no effect");
-        }
-        if config.router_id.is_some() {
-            tracing::warn!("[Route] router-id: routes are not built yet in ccm-rs's openstack provider; no effect");
         }
         Ok(Arc::new(OpenStackCloud::new(config)?) as Arc<dyn CloudProvider>)
     })

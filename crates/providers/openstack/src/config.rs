@@ -146,7 +146,7 @@ pub struct OpenStackConfig {
     pub networking: NetworkingOpts,
     /// `[Metadata]`.
     pub metadata: MetadataOpts,
-    /// `[Route] router-id`: validated, no effect yet.
+    /// `[Route] router-id`: the Neutron router whose extraroutes carry the pod CIDRs.
     pub router_id: Option<String>,
     /// `[LoadBalancer]` and `[LoadBalancerClass "…"]` keys as written: validated, no effect yet.
     pub load_balancer: Vec<(String, String)>,

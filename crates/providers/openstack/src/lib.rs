@@ -8,8 +8,9 @@
 //! It differs where ccm-rs does better: a batch of Nodes is answered by one Nova servers
 //! listing (1,000 servers a page) and one Neutron ports call per 50 servers, where upstream
 //! makes a GET per Node; and a Node is called gone only when Nova itself says its server is
-//! (its 404 for that id, after a complete listing). Load balancers (Octavia) and routes
-//! (Neutron extraroutes) are not built yet; see docs/providers/openstack.md.
+//! (its 404 for that id, after a complete listing). Routes are Neutron extraroutes on
+//! `[Route] router-id`, added and removed atomically; load balancers (Octavia) are not built
+//! yet; see docs/providers/openstack.md.
 //!
 //! HTTP is hyper with rustls on ring, as the rest of the workspace, rather than openstack_sdk:
 //! that SDK brings reqwest 0.13 (aws-lc by default), a config loader, a disk token cache and
@@ -23,10 +24,12 @@ pub mod http;
 mod instances;
 pub mod keystone;
 mod nova;
+mod routes;
 mod secret;
 
 pub use cloud::{OpenStackCloud, PROVIDER_NAME, REGIONAL_PROVIDER_ID_ENV, register};
 pub use config::{KeyStatus, OpenStackConfig};
 pub use instances::{STATUS_SHUTOFF, provider_id, server_id};
 pub use nova::{COMPUTE_MICROVERSION, PAGE_SIZE, PORTS_PER_CALL};
+pub use routes::{EXT_ATOMIC, EXT_PAIRS, EXT_TAGS, MAX_TAG_LEN, next_hop, route_tag};
 pub use secret::Secret;

@@ -1,0 +1,204 @@
+//! The OpenStack of testenv/stack.sh for the tests that share it: start, the `openstack`
+//! client as the cluster's user, booting servers, a provider configured against it.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ccm_provider_openstack::{OpenStackCloud, OpenStackConfig};
+
+pub fn venv() -> PathBuf {
+    let v = std::env::var_os("CCM_OPENSTACK_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../.venv-openstack")
+        });
+    assert!(
+        v.join("bin/nova-api-wsgi").is_file() || v.join("bin/nova-compute").is_file(),
+        "Nova is not installed in {}: run .ci/run (or `bash .ci/setup.d/60-openstack.sh` with CCM_VENV set)",
+        v.display()
+    );
+    v
+}
+
+/// The running stack; dropping it closes stack.sh's stdin, which stops every service.
+pub struct Stack {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    pub dir: PathBuf,
+    pub ks_url: String,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let _ = self.child.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_base() -> u16 {
+    // Nine consecutive ports, probed.
+    loop {
+        let base = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        if base < 60000
+            && (base..base + 9).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+        {
+            return base;
+        }
+    }
+}
+
+pub fn start_stack() -> Stack {
+    let venv = venv();
+    let base = free_base();
+    let dir = std::env::temp_dir().join(format!("ccm-openstack-{}-{base}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testenv/stack.sh");
+    let t0 = Instant::now();
+    let mut child = Command::new("bash")
+        .arg(&script)
+        .arg(&dir)
+        .arg(base.to_string())
+        .arg(&venv)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(
+            std::fs::File::create(dir.join("stack.err")).expect("log"),
+        ))
+        .spawn()
+        .expect("stack.sh");
+    let stdin = child.stdin.take();
+    let mut out = child.stdout.take().expect("stdout");
+    let mut seen = String::new();
+    let mut buf = [0u8; 256];
+    use std::io::Read as _;
+    while !seen.contains("READY") {
+        let n = out.read(&mut buf).expect("stack.sh output");
+        assert!(
+            n > 0,
+            "stack.sh ended before READY; see {}/stack.err and logs/",
+            dir.display()
+        );
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    eprintln!("OpenStack ready in {:?}", t0.elapsed());
+    Stack {
+        child,
+        stdin,
+        dir,
+        ks_url: format!("http://127.0.0.1:{base}/v3"),
+    }
+}
+
+impl Stack {
+    /// The real `openstack` client as the cluster's user.
+    pub fn openstack(&self, args: &[&str]) -> String {
+        self.try_openstack(args)
+            .unwrap_or_else(|e| panic!("openstack {args:?}: {e}"))
+    }
+
+    pub fn try_openstack(&self, args: &[&str]) -> Result<String, String> {
+        openstack_at(&self.ks_url, args)
+    }
+
+    /// Boots `name` and waits for ACTIVE (see [`boot_at`]).
+    pub fn boot(&self, name: &str) -> String {
+        boot_at(&self.ks_url, name).unwrap_or_else(|e| panic!("boot {name}: {e}"))
+    }
+
+    pub fn wait_status(&self, id: &str, want: Option<&str>) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let list =
+                self.openstack(&["server", "list", "-f", "value", "-c", "ID", "-c", "Status"]);
+            let status = list
+                .lines()
+                .find(|l| l.starts_with(id))
+                .and_then(|l| l.split_whitespace().nth(1));
+            if status == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server {id} never reached {want:?}: {list}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    pub fn cloud(&self, password: &str) -> OpenStackCloud {
+        self.cloud_with(password, "")
+    }
+
+    /// A provider with `extra` sections after `[Global]` (e.g. `[Route]`).
+    pub fn cloud_with(&self, password: &str, extra: &str) -> OpenStackCloud {
+        let conf = format!(
+            "[Global]\nauth-url = {}\nusername = ccm\npassword = {password}\ntenant-name = ccm\ndomain-id = default\nregion = RegionOne\n{extra}",
+            self.ks_url
+        );
+        let cfg = OpenStackConfig::parse(&conf).expect("parses");
+        OpenStackCloud::with_regional_provider_id(cfg, false).expect("provider")
+    }
+}
+
+/// The real `openstack` client as the cluster's user of the stack at `ks_url`.
+pub fn openstack_at(ks_url: &str, args: &[&str]) -> Result<String, String> {
+    // Bounded: on the one-host fake cloud (Nova on sqlite) a build can stay in BUILD for good
+    // after a "database is locked"; `--wait` would then never return.
+    let out = Command::new("timeout")
+        .arg("150")
+        .arg(venv().join("bin/openstack"))
+        .args(args)
+        .env("OS_AUTH_URL", ks_url)
+        .env("OS_USERNAME", "ccm")
+        .env("OS_PASSWORD", "ccm-secret")
+        .env("OS_PROJECT_NAME", "ccm")
+        .env("OS_USER_DOMAIN_ID", "default")
+        .env("OS_PROJECT_DOMAIN_ID", "default")
+        .env("OS_IDENTITY_API_VERSION", "3")
+        .env("OS_REGION_NAME", "RegionOne")
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).to_string())
+    }
+}
+
+/// Boots `name` (no NIC) and waits for ACTIVE. A build that ends in ERROR is printed with
+/// Nova's fault, deleted and tried again (twice at most): the one-host fake cloud sometimes
+/// fails a build right after another (seen: "Error creating server").
+pub fn boot_at(ks_url: &str, name: &str) -> Result<String, String> {
+    let mut last = String::new();
+    for _ in 0..3 {
+        let args = [
+            "server", "create", "--flavor", "m1.small", "--image", "tiny", "--nic", "none",
+            "--wait", "-f", "value", "-c", "id", name,
+        ];
+        match openstack_at(ks_url, &args) {
+            Ok(id) => return Ok(id),
+            Err(e) => last = e,
+        }
+        let fault = openstack_at(
+            ks_url,
+            &["server", "show", "-f", "value", "-c", "fault", name],
+        );
+        eprintln!("boot {name} failed ({last}); fault: {fault:?}; retrying");
+        let _ = openstack_at(ks_url, &["server", "delete", "--wait", name]);
+    }
+    Err(last)
+}
