@@ -229,6 +229,65 @@ async fn a_lone_join_reaches_the_load_balancers_without_waiting_for_the_window()
     env.kube.shutdown().await;
 }
 
+/// A joining Node is not a backend until the cloud confirms it: registered with the
+/// `uninitialized` taint and no providerID it changes no load balancer; initialized (providerID
+/// set, taint removed, as the cloud-node controller does) it joins each load balancer with one
+/// update. Upstream updates every load balancer twice for one join (at registration and again
+/// when the providerID arrives).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_updates_each_load_balancer_once_when_the_node_is_initialized() {
+    let env = Env::new(47).await;
+    env.add_node("a", json!({})).await;
+    let (run, shared) = start_shared(&env, config());
+    let services = [
+        env.create_lb("one").await,
+        env.create_lb("two").await,
+        env.create_lb("three").await,
+    ];
+    wait_for("idle", || async { run.handle.pending() == 0 }).await;
+    let updates = || env.metrics.count(op::UPDATE_LOAD_BALANCER);
+    assert_eq!(updates(), 0);
+
+    let joining: Node = serde_json::from_value(json!({
+        "metadata": {"name": "j"},
+        "spec": {"taints": [{"key": "node.cloudprovider.kubernetes.io/uninitialized",
+                             "value": "true", "effect": "NoSchedule"}]},
+    }))
+    .expect("node");
+    env.nodes()
+        .create(&PostParams::default(), &joining)
+        .await
+        .expect("register j");
+    wait_for("j in the controller's cache", || async {
+        shared.nodes.get("j").is_some()
+    })
+    .await;
+    // Give a node sync the chance to run on the registration (it must change nothing).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(updates(), 0, "an uninitialized Node is no backend yet");
+    for svc in &services {
+        assert_eq!(env.lb_of(svc).expect("lb").hosts, ["a"]);
+    }
+
+    env.nodes()
+        .patch(
+            "j",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"providerID": "sim://i-j", "taints": null}})),
+        )
+        .await
+        .expect("initialize j");
+    for svc in &services {
+        env.wait_hosts(svc, &["a", "j"], "j behind every LB once initialized")
+            .await;
+    }
+    wait_for("idle", || async { run.handle.pending() == 0 }).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(updates(), 3, "one update per load balancer for the join");
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
 fn lb_service(name: &str, ports: &[i32]) -> Service {
     let ports: Vec<_> = ports
         .iter()

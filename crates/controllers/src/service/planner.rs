@@ -9,7 +9,9 @@ use std::time::Duration;
 use ccm_cloud::CloudError;
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
 
-use crate::nodeutil::{LABEL_EXCLUDE_FROM_LB, TAINT_TO_BE_DELETED_BY_CA, has_taint, parse_go_bool};
+use crate::nodeutil::{
+    LABEL_EXCLUDE_FROM_LB, TAINT_TO_BE_DELETED_BY_CA, TAINT_UNINITIALIZED, has_taint, parse_go_bool,
+};
 
 /// The finalizer that keeps a Service (and so the knowledge of its LB) alive until the cloud
 /// LB is deleted (upstream `servicehelper.LoadBalancerCleanupFinalizer`).
@@ -195,20 +197,30 @@ pub fn node_included(node: &Node) -> bool {
 }
 
 /// Whether a Node backs load balancers (StableLoadBalancerNodeSet): not being deleted,
-/// included (see [`node_included`]) and not tainted `ToBeDeletedByClusterAutoscaler`.
-/// Readiness deliberately does not count: LB health checks handle it.
+/// included (see [`node_included`]), not tainted `ToBeDeletedByClusterAutoscaler`, and
+/// initialized (no `uninitialized` taint). Readiness deliberately does not count: LB health
+/// checks handle it.
+///
+/// The last condition is not upstream's: upstream adds a joining Node to every load balancer
+/// when it registers and again when its providerID arrives — two `UpdateLoadBalancer` calls per
+/// LB for one join. A Node the cloud has not confirmed serves no traffic yet (the taint keeps
+/// pods off it), so it joins the load balancers once, when it is initialized. A Node that never
+/// had the taint (no CCM at registration, or a provider without instances) counts as before.
 pub fn node_in_lb_set(node: &Node) -> bool {
     node.metadata.deletion_timestamp.is_none()
         && node_included(node)
         && !has_taint(node, TAINT_TO_BE_DELETED_BY_CA)
+        && !has_taint(node, TAINT_UNINITIALIZED)
 }
 
-/// Whether a Node update should trigger a node sync (upstream `shouldSyncUpdatedNode`): only a
-/// change of the exclusion predicate or of `spec.providerID`. Taints, readiness and addresses
+/// Whether a Node update should trigger a node sync (upstream `shouldSyncUpdatedNode`): a
+/// change of the exclusion predicate, of `spec.providerID`, or of the `uninitialized` taint
+/// (the Node becoming eligible, see [`node_in_lb_set`]). Other taints, readiness and addresses
 /// do not.
 pub fn should_sync_updated_node(old: &Node, new: &Node) -> bool {
     node_included(old) != node_included(new)
         || ccm_cloud::node_provider_id(old) != ccm_cloud::node_provider_id(new)
+        || has_taint(old, TAINT_UNINITIALIZED) != has_taint(new, TAINT_UNINITIALIZED)
 }
 
 /// A load balancer's backend set as the controller compares it: node name → providerID.
@@ -517,8 +529,9 @@ mod tests {
             ]),
             any::<bool>(),
             any::<bool>(),
+            any::<bool>(),
         )
-            .prop_map(|(name, pid, label, deleting, ca)| {
+            .prop_map(|(name, pid, label, deleting, ca, uninit)| {
                 let mut n = node(&format!("n{name}"));
                 n.spec.as_mut().unwrap().provider_id = pid.map(|p| format!("sim://i-{p}"));
                 if let Some(v) = label {
@@ -527,12 +540,21 @@ mod tests {
                 if deleting {
                     n.metadata.deletion_timestamp = Some(now());
                 }
-                if ca {
-                    n.spec.as_mut().unwrap().taints = Some(vec![Taint {
-                        key: TAINT_TO_BE_DELETED_BY_CA.into(),
+                let keys = [
+                    (ca, TAINT_TO_BE_DELETED_BY_CA),
+                    (uninit, TAINT_UNINITIALIZED),
+                ];
+                let taints: Vec<Taint> = keys
+                    .iter()
+                    .filter(|(on, _)| *on)
+                    .map(|(_, key)| Taint {
+                        key: (*key).into(),
                         effect: "NoSchedule".into(),
                         ..Default::default()
-                    }]);
+                    })
+                    .collect();
+                if !taints.is_empty() {
+                    n.spec.as_mut().unwrap().taints = Some(taints);
                 }
                 n
             })
@@ -604,13 +626,24 @@ mod tests {
         #[test]
         fn node_update_trigger(a in arb_node(), b in arb_node()) {
             prop_assert!(!should_sync_updated_node(&a, &a));
-            // Taint or deletion changes alone never trigger (upstream).
+            // Taint or deletion changes alone never trigger (upstream), except the
+            // `uninitialized` taint coming or going: the Node's eligibility.
             let mut c = a.clone();
             c.spec.as_mut().unwrap().taints = b.spec.as_ref().unwrap().taints.clone();
             c.metadata.deletion_timestamp = b.metadata.deletion_timestamp.clone();
-            prop_assert!(!should_sync_updated_node(&a, &c));
+            let eligibility_changed =
+                has_taint(&a, TAINT_UNINITIALIZED) != has_taint(&c, TAINT_UNINITIALIZED);
+            prop_assert_eq!(should_sync_updated_node(&a, &c), eligibility_changed);
             if node_included(&a) != node_included(&b) {
                 prop_assert!(should_sync_updated_node(&a, &b));
+            }
+        }
+
+        #[test]
+        fn an_uninitialized_node_backs_no_load_balancer(a in arb_node()) {
+            if has_taint(&a, TAINT_UNINITIALIZED) {
+                prop_assert!(!node_in_lb_set(&a));
+                prop_assert!(!lb_node_set([&a]).contains_key(ccm_cloud::node_name(&a)));
             }
         }
     }

@@ -646,7 +646,8 @@ impl crate::provider::MetalCloud {
 
 /// Whether the service controller counts `node` in the load-balancer node set (its
 /// `node_in_lb_set`): not being deleted, not excluded by label (a value other than a Go
-/// `ParseBool` false excludes), not tainted `ToBeDeletedByClusterAutoscaler`.
+/// `ParseBool` false excludes), not tainted `ToBeDeletedByClusterAutoscaler` or
+/// `node.cloudprovider.kubernetes.io/uninitialized`.
 fn in_lb_set(node: &ccm_cloud::Node) -> bool {
     let excluded = node
         .metadata
@@ -658,6 +659,11 @@ fn in_lb_set(node: &ccm_cloud::Node) -> bool {
         .spec
         .as_ref()
         .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == "ToBeDeletedByClusterAutoscaler"));
+        .is_some_and(|t| {
+            t.iter().any(|t| {
+                t.key == "ToBeDeletedByClusterAutoscaler"
+                    || t.key == "node.cloudprovider.kubernetes.io/uninitialized"
+            })
+        });
     node.metadata.deletion_timestamp.is_none() && !excluded && !to_be_deleted
 }
