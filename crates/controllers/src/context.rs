@@ -170,6 +170,25 @@ impl RoutedNodes {
         }
     }
 
+    /// Replaces what is known of the Nodes in `scope` only (a sync that planned over them):
+    /// those in `routed` are routed, the others not. Costs the size of `scope`, not of the
+    /// cluster.
+    pub fn update(
+        &self,
+        scope: &std::collections::HashSet<String>,
+        routed: &std::collections::BTreeSet<String>,
+    ) {
+        let mut st = self.inner.state.lock();
+        for n in scope {
+            if routed.contains(n) {
+                st.nodes.insert(n.clone());
+                st.wake(n);
+            } else {
+                st.nodes.remove(n);
+            }
+        }
+    }
+
     /// Marks one Node routed (its last route create just returned), waking its waiters.
     pub fn insert(&self, node: &str) {
         let mut st = self.inner.state.lock();

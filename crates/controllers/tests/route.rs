@@ -353,6 +353,36 @@ async fn a_join_creates_its_route_without_listing() {
     env.kube.shutdown().await;
 }
 
+/// A join into a cluster of 60 Nodes costs the planner one Node, not 61: the fast path plans
+/// over the changed Node and the routes known to point at it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_is_planned_over_the_joining_node_only() {
+    let env = Env::new(14).await;
+    let nodes: Vec<(String, String)> = (1..=60)
+        .map(|i| (format!("n{i:02}"), format!("10.244.{i}.0/24")))
+        .collect();
+    for (n, c) in &nodes {
+        env.add_node(n, &[c.as_str()]).await;
+    }
+    let run = start(&env, config(RouteMode::Watch));
+    let expected: Vec<(&str, &str)> = nodes
+        .iter()
+        .map(|(n, c)| (n.as_str(), c.as_str()))
+        .collect();
+    wait_converged(&env, &run, &expected).await;
+    let planned = run.handle.nodes_planned();
+    let lists = env.metrics.count(op::LIST_ROUTES);
+
+    env.add_node("joiner", &["10.244.200.0/24"]).await;
+    wait_converged(&env, &run, &[("joiner", "10.244.200.0/24")]).await;
+    assert_eq!(env.metrics.count(op::LIST_ROUTES), lists, "no listing yet");
+    assert_eq!(run.handle.nodes_planned() - planned, 1);
+    assert_eq!(env.routes().len(), 61);
+    assert!(run.handle.routed_nodes().is_some_and(|r| r.len() == 61));
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
 /// While the cloud-node controller folds the condition of Nodes it initializes, uninitialized
 /// Nodes routed by an earlier sync still lack it; that is no reason to list: a second joining
 /// Node is created from the known listing too.

@@ -5,8 +5,9 @@
 //! (at most [`RouteConfig::max_concurrent_route_ops`] in flight), then condition patches only
 //! where they change something — with one fast path: a watch-mode sync for a node change that
 //! only has routes to *create* plans against the last known listing (the last `ListRoutes`
-//! plus this controller's own creates and deletes since), so a node joining a quiet cluster is
-//! routed after one cloud round trip instead of two. Anything else lists: deletes (blackholes,
+//! plus this controller's own creates and deletes since) and over the changed Nodes only, so a
+//! node joining a quiet cluster is routed after one cloud round trip instead of two, and a
+//! burst of N Nodes arriving a few per sync costs O(N) planning, not O(N²). Anything else lists: deletes (blackholes,
 //! deleted nodes, address changes), the startup and safety resyncs, retries, interval mode, and
 //! a fast-path create the cloud refuses (the listing was stale), which is confirmed by a
 //! listing in the same sync. What differs between the modes is *when* a sync runs
@@ -25,6 +26,7 @@
 //! `route_controller_route_sync_total{trigger,outcome}` counts syncs, so the difference between
 //! the modes is visible on a dashboard: an idle cluster in watch mode shows a flat line.
 
+mod known;
 pub mod limiter;
 pub mod planner;
 
@@ -56,6 +58,7 @@ use crate::nodeutil::{
     ConditionStatus, TAINT_UNINITIALIZED, condition_status, has_taint, pod_cidrs,
 };
 use crate::queue::{Backoff, WorkQueue};
+use known::KnownRoutes;
 use planner::{NETWORK_UNAVAILABLE, NodeView, RouteCreate, RoutePlan};
 
 /// Upstream's event source (`source.component`) for route events.
@@ -347,6 +350,8 @@ struct HandleInner {
     counts: Mutex<BTreeMap<(SyncTrigger, SyncOutcome), u64>>,
     /// Syncs planned against the known listing, without a `ListRoutes`.
     from_known: AtomicU64,
+    /// Nodes the planner has looked at, over all syncs.
+    planned: AtomicU64,
     routed: Mutex<Option<BTreeSet<String>>>,
     running: AtomicUsize,
     queue: Option<WorkQueue<()>>,
@@ -368,6 +373,12 @@ impl RouteHandle {
     /// fast path of a node change that only needs route creates).
     pub fn syncs_from_known(&self) -> u64 {
         self.inner.from_known.load(Ordering::SeqCst)
+    }
+
+    /// How many Nodes the planner has looked at, over all syncs: a sync for a node change
+    /// plans over the changed Nodes only, so a join adds one here however large the cluster.
+    pub fn nodes_planned(&self) -> u64 {
+        self.inner.planned.load(Ordering::SeqCst)
     }
 
     /// Work not yet done: a sync running, pending, or a retry scheduled. Zero means idle (a
@@ -399,11 +410,15 @@ struct Reasons {
     node_change: bool,
     retry: bool,
     resync: bool,
+    /// The Nodes whose changes are pending: what a node-change sync plans over.
+    changed: HashSet<String>,
 }
 
 impl Reasons {
-    /// The trigger to report for a sync that covers all pending reasons, clearing them.
-    fn take(&mut self) -> Option<SyncTrigger> {
+    /// The trigger to report for a sync that covers all pending reasons, clearing them, and
+    /// the changed Nodes when a change is all that is pending (a sync that may plan over those
+    /// Nodes only; any other reason plans over all of them).
+    fn take(&mut self) -> Option<(SyncTrigger, Option<HashSet<String>>)> {
         let t = if self.node_change {
             SyncTrigger::NodeChange
         } else if self.retry {
@@ -413,8 +428,19 @@ impl Reasons {
         } else {
             return None;
         };
+        let only_changes = !self.retry && !self.resync;
+        let changed = std::mem::take(&mut self.changed);
         *self = Reasons::default();
-        Some(t)
+        Some((
+            t,
+            (t == SyncTrigger::NodeChange && only_changes).then_some(changed),
+        ))
+    }
+
+    /// Records a Node change.
+    fn node_changed(&mut self, node: &str) {
+        self.node_change = true;
+        self.changed.insert(node.to_string());
     }
 }
 
@@ -460,7 +486,7 @@ pub struct RouteController {
     /// The cloud's routes as this controller knows them: the last `ListRoutes`, plus its own
     /// successful creates and deletes since. `None` before the first listing and after any
     /// failed cloud call (the cloud's state is then unknown until the next listing).
-    known: Mutex<Option<Vec<ccm_cloud::Route>>>,
+    known: Mutex<Option<KnownRoutes>>,
 }
 
 /// What executing one plan did.
@@ -535,6 +561,7 @@ impl RouteController {
                 counts: Mutex::default(),
                 routed: Mutex::default(),
                 from_known: AtomicU64::new(0),
+                planned: AtomicU64::new(0),
                 running: AtomicUsize::new(0),
                 queue,
             }),
@@ -583,7 +610,7 @@ impl RouteController {
     async fn run_interval(&self, shutdown: CancellationToken) {
         loop {
             let start = Instant::now();
-            let _ = self.sync(SyncTrigger::Periodic).await;
+            let _ = self.sync(SyncTrigger::Periodic, None).await;
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep_until(start + self.config.reconciliation_period) => {}
@@ -612,8 +639,10 @@ impl RouteController {
                         _ = shutdown.cancelled() => return,
                         c = changes.recv() => match c { Some(c) => c, None => return },
                     };
-                    if needs_sync(&change, tracks_addresses.load(Ordering::Relaxed)) {
-                        reasons.lock().node_change = true;
+                    if needs_sync(&change, tracks_addresses.load(Ordering::Relaxed))
+                        && let Some(node) = change.new.as_ref().or(change.old.as_ref())
+                    {
+                        reasons.lock().node_changed(ccm_cloud::node_name(node));
                         queue.add(KEY);
                     }
                 }
@@ -648,14 +677,14 @@ impl RouteController {
             }
             // Taken right before the sync (upstream's Forget-before-process): a change that
             // arrives during the sync sets its reason again and queues another sync.
-            let Some(trigger) = reasons.lock().take() else {
+            let Some((trigger, scope)) = reasons.lock().take() else {
                 // A stale retry: a later sync already succeeded.
                 queue.done(&KEY);
                 continue;
             };
             limiter.started(Instant::now());
             let fast_before = self.handle.syncs_from_known();
-            let (outcome, throttled) = self.sync(trigger).await;
+            let (outcome, throttled) = self.sync(trigger, scope.as_ref()).await;
             last_end = Instant::now();
             confirm_due = (self.handle.syncs_from_known() > fast_before)
                 .then(|| last_end + self.config.confirm_delay);
@@ -672,12 +701,16 @@ impl RouteController {
         watcher.abort();
     }
 
-    /// One full reconcile, counted and timed; also returns the cloud's retry-after when a
-    /// call was throttled.
-    async fn sync(&self, trigger: SyncTrigger) -> (SyncOutcome, Option<Duration>) {
+    /// One reconcile, counted and timed; also returns the cloud's retry-after when a call was
+    /// throttled. `scope`: the changed Nodes, when a change is all this sync is for.
+    async fn sync(
+        &self,
+        trigger: SyncTrigger,
+        scope: Option<&HashSet<String>>,
+    ) -> (SyncOutcome, Option<Duration>) {
         self.handle.inner.running.fetch_add(1, Ordering::SeqCst);
         let started = Instant::now();
-        let (outcome, throttled) = match self.reconcile(trigger).await {
+        let (outcome, throttled) = match self.reconcile(scope).await {
             Ok(Executed {
                 errors: 0,
                 changed,
@@ -733,13 +766,13 @@ impl RouteController {
     }
 
     /// List, plan, execute: upstream's `reconcileNodeRoutes`; a node change that only needs
-    /// creates skips the list (see the module docs).
-    async fn reconcile(&self, trigger: SyncTrigger) -> Result<Executed, CloudError> {
+    /// creates skips the list and plans over the changed Nodes only (see the module docs).
+    async fn reconcile(&self, scope: Option<&HashSet<String>>) -> Result<Executed, CloudError> {
         let cidrs = &self.config.cluster_cidrs;
-        if trigger == SyncTrigger::NodeChange
-            && let Some((plan, managed)) = self.plan_from_known(&self.node_views())
+        if let Some(scope) = scope
+            && let Some((plan, managed)) = self.plan_from_known(scope)
         {
-            if let Some(done) = self.apply(&plan, managed, true).await {
+            if let Some(done) = self.apply(&plan, managed, Some(scope)).await {
                 self.handle.inner.from_known.fetch_add(1, Ordering::SeqCst);
                 return Ok(done);
             }
@@ -757,10 +790,20 @@ impl RouteController {
             routes.iter().any(|r| r.enable_node_addresses),
             Ordering::Relaxed,
         );
-        let plan = planner::plan(&self.node_views(), &routes, cidrs);
-        let managed = managed_routes(&routes, cidrs);
-        *self.known.lock() = Some(routes.into_iter().map(known_route).collect());
-        Ok(self.apply(&plan, managed, false).await.unwrap_or_default())
+        let nodes = self.node_views();
+        self.count_planned(nodes.len());
+        let plan = planner::plan(&nodes, &routes, cidrs);
+        let known = KnownRoutes::from_listing(routes, cidrs);
+        let managed = known.managed();
+        *self.known.lock() = Some(known);
+        Ok(self.apply(&plan, managed, None).await.unwrap_or_default())
+    }
+
+    fn count_planned(&self, nodes: usize) {
+        self.handle
+            .inner
+            .planned
+            .fetch_add(nodes as u64, Ordering::SeqCst);
     }
 
     /// The cached Nodes as the planner sees them.
@@ -773,16 +816,23 @@ impl RouteController {
             .collect()
     }
 
-    /// The fast path's plan: against the known listing, when all it has to do is create routes
-    /// (and write the condition of the nodes it creates them for, or of nodes whose condition
-    /// the cloud-node controller folds into its own write: no write here). Anything that
-    /// deletes, or writes another node's condition, is left to a sync that lists: the known
-    /// listing may miss blackholes and changes made behind the controller's back.
-    fn plan_from_known(&self, nodes: &[NodeView]) -> Option<(RoutePlan, i64)> {
+    /// The fast path's plan: over the changed Nodes and the known routes to them, when all it
+    /// has to do is create routes (and write the condition of the nodes it creates them for,
+    /// or of nodes whose condition the cloud-node controller folds into its own write: no write
+    /// here). Anything that deletes (a deleted Node's routes, a changed CIDR), or writes another
+    /// node's condition, is left to a sync that lists: the known listing may miss blackholes and
+    /// changes made behind the controller's back.
+    fn plan_from_known(&self, scope: &HashSet<String>) -> Option<(RoutePlan, i64)> {
         let known = self.known.lock();
-        let routes = known.as_ref()?;
+        let known = known.as_ref()?;
         let cidrs = &self.config.cluster_cidrs;
-        let plan = planner::plan(nodes, routes, cidrs);
+        let nodes: Vec<NodeView> = scope
+            .iter()
+            .filter_map(|name| self.shared.nodes.get(name))
+            .map(|n| NodeView::from_node(&n))
+            .collect();
+        self.count_planned(nodes.len());
+        let plan = planner::plan(&nodes, &known.for_nodes(scope), cidrs);
         let creating: HashSet<&str> = plan
             .creates
             .iter()
@@ -803,25 +853,25 @@ impl RouteController {
                 .conditions
                 .iter()
                 .all(|u| creating.contains(u.node.as_str()) || folded(&u.node));
-        only_creates.then(|| (plan, managed_routes(routes, cidrs)))
+        only_creates.then(|| (plan, known.managed()))
     }
 
     /// Executes `plan`: route calls, routed nodes, condition writes. `managed` counts the
-    /// routes inside the cluster CIDRs before it. `None` (only `from_known`): a create was
-    /// refused without throttling, so the known listing was stale and nothing else was done —
-    /// the caller lists and plans again.
+    /// routes inside the cluster CIDRs before it. `scope`: the Nodes a fast-path plan covers
+    /// (`None`: all of them). `None` returned (fast path only): a create was refused without
+    /// throttling, so the known listing was stale and nothing else was done — the caller lists
+    /// and plans again.
     async fn apply(
         &self,
         plan: &RoutePlan,
         mut managed: i64,
-        from_known: bool,
+        scope: Option<&HashSet<String>>,
     ) -> Option<Executed> {
+        let from_known = scope.is_some();
         let mut done = Executed::default();
         if plan.is_empty() {
             self.metrics.managed.set(managed);
-            let routed = plan.routed_nodes(&HashSet::new());
-            self.shared.routed.publish(routed.clone());
-            *self.handle.inner.routed.lock() = Some(routed);
+            self.publish_routed(plan.routed_nodes(&HashSet::new()), scope);
             return Some(done);
         }
         tracing::info!(
@@ -833,7 +883,14 @@ impl RouteController {
         );
         // Nodes whose routes all exist already are routed now; the others join one by one as
         // their creates return (`execute_routes`), not when the whole sync ends.
-        self.shared.routed.publish(plan.routed_without_creates());
+        match scope {
+            None => self.shared.routed.publish(plan.routed_without_creates()),
+            Some(_) => {
+                for n in plan.routed_without_creates() {
+                    self.shared.routed.insert(&n);
+                }
+            }
+        }
 
         let failed = self
             .execute_routes(plan, &mut done, &mut managed, !from_known)
@@ -842,9 +899,7 @@ impl RouteController {
             return None;
         }
         self.metrics.managed.set(managed);
-        let routed = plan.routed_nodes(&failed);
-        self.shared.routed.publish(routed.clone());
-        *self.handle.inner.routed.lock() = Some(routed);
+        self.publish_routed(plan.routed_nodes(&failed), scope);
 
         // Nodes still being initialized get their condition from the cloud-node controller,
         // folded into the status write it makes anyway (see `RoutedNodes`); and a condition
@@ -877,6 +932,30 @@ impl RouteController {
         Some(done)
     }
 
+    /// Publishes which Nodes have all their routes: `routed` is the whole set after a full
+    /// plan, or the routed Nodes of `scope` after a fast-path plan over `scope`.
+    fn publish_routed(&self, routed: BTreeSet<String>, scope: Option<&HashSet<String>>) {
+        let mut handle = self.handle.inner.routed.lock();
+        match scope {
+            None => {
+                self.shared.routed.publish(routed.clone());
+                *handle = Some(routed);
+            }
+            Some(scope) => {
+                self.shared.routed.update(scope, &routed);
+                if let Some(all) = handle.as_mut() {
+                    for n in scope {
+                        if routed.contains(n) {
+                            all.insert(n.clone());
+                        } else {
+                            all.remove(n);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Keeps the known listing in step with one cloud call: a success is applied to it, a
     /// failure forgets it (the call may or may not have taken effect).
     fn track(&self, res: &OpResult) {
@@ -884,11 +963,10 @@ impl RouteController {
         let Some(routes) = known.as_mut() else {
             return;
         };
+        let cidrs = &self.config.cluster_cidrs;
         match res {
-            OpResult::Created(r) => routes.push(known_route(r.clone())),
-            OpResult::Deleted(r) => routes.retain(|k| {
-                !(k.destination_cidr == r.destination_cidr && k.target_node == r.target_node)
-            }),
+            OpResult::Created(r) => routes.push(r.clone(), cidrs),
+            OpResult::Deleted(r) => routes.remove(r, cidrs),
             OpResult::CreateFailed(..) | OpResult::DeleteFailed(_) => *known = None,
         }
     }
@@ -1082,21 +1160,6 @@ impl RouteController {
 }
 
 /// Routes inside the cluster CIDRs: the `route_controller_managed_routes` gauge.
-fn managed_routes(routes: &[ccm_cloud::Route], cidrs: &[IpNet]) -> i64 {
-    routes
-        .iter()
-        .filter(|r| planner::is_responsible(r, cidrs))
-        .count() as i64
-}
-
-/// A route as the known listing keeps it: what the planner reads. Addresses only matter for
-/// routes that track them.
-fn known_route(mut r: ccm_cloud::Route) -> ccm_cloud::Route {
-    if !r.enable_node_addresses {
-        r.target_node_addresses = Vec::new();
-    }
-    r
-}
 
 /// Upstream's watch-mode node filter: adds and deletes always; updates when `spec.podCIDRs`
 /// changed, or `status.addresses` changed and the cloud's routes track node addresses (upstream
@@ -1205,14 +1268,24 @@ mod tests {
     #[test]
     fn reasons_priority_and_clear() {
         let mut r = Reasons {
-            node_change: false,
             retry: true,
             resync: true,
+            ..Reasons::default()
         };
-        assert_eq!(r.take(), Some(SyncTrigger::Retry));
+        assert_eq!(r.take(), Some((SyncTrigger::Retry, None)));
         assert_eq!(r.take(), None);
         r.resync = true;
-        r.node_change = true;
-        assert_eq!(r.take(), Some(SyncTrigger::NodeChange));
+        r.node_changed("a");
+        assert_eq!(
+            r.take(),
+            Some((SyncTrigger::NodeChange, None)),
+            "a resync pending too: plan over every Node"
+        );
+        r.node_changed("a");
+        r.node_changed("b");
+        let (trigger, scope) = r.take().expect("pending");
+        assert_eq!(trigger, SyncTrigger::NodeChange);
+        assert_eq!(scope, Some(["a".to_string(), "b".to_string()].into()));
+        assert!(r.changed.is_empty());
     }
 }
