@@ -1159,8 +1159,6 @@ impl RouteController {
     }
 }
 
-/// Routes inside the cluster CIDRs: the `route_controller_managed_routes` gauge.
-
 /// Upstream's watch-mode node filter: adds and deletes always; updates when `spec.podCIDRs`
 /// changed, or `status.addresses` changed and the cloud's routes track node addresses (upstream
 /// syncs on every address change, which during a burst of initializations is one noop
