@@ -441,7 +441,61 @@ pub fn render(v: &Value, namespace: &str) -> anyhow::Result<Vec<Value>> {
     out.extend(webhook_objects(v, &f, &ns));
     out.extend(monitors(v, &f, &ns));
     out.extend(mixin(v, &f, &ns)?);
+    out.extend(apf(v, &f, &ns, use_sa));
     Ok(out)
+}
+
+/// API Priority and Fairness, when `apf.enabled`: the CCM's requests in a priority level of
+/// its own, so a burst of CCM writes queues behind its own share of the server instead of
+/// slowing the kubelets (`system`), the scheduler and users (`workload-*`); its Lease renewals
+/// in the cluster's `leader-election` level, so queuing never costs it leadership.
+fn apf(v: &Value, f: &Value, ns: &Ns, use_sa: bool) -> Vec<Value> {
+    let a = &v["apf"];
+    if a["enabled"] != json!(true) {
+        return Vec::new();
+    }
+    let name = f["name"].as_str().unwrap_or_default();
+    let manager = if v["variant"] == "static-pod" {
+        json!({"kind": "User", "user": {"name": v["staticPodUser"]}})
+    } else {
+        json!({"kind": "ServiceAccount", "serviceAccount": {"name": name, "namespace": ns.release}})
+    };
+    let mut subjects = vec![manager.clone()];
+    if use_sa {
+        for c in f["controllers"].as_array().into_iter().flatten() {
+            subjects.push(json!({"kind": "ServiceAccount",
+                "serviceAccount": {"name": c["serviceAccount"], "namespace": ns.system}}));
+        }
+    }
+    let level = obj(
+        "flowcontrol.apiserver.k8s.io/v1",
+        "PriorityLevelConfiguration",
+        meta(f, name, None),
+        json!({"spec": {"type": "Limited", "limited": {
+            "nominalConcurrencyShares": a["nominalConcurrencyShares"],
+            "lendablePercent": a["lendablePercent"],
+            "limitResponse": {"type": "Queue", "queuing": {"queues": 64, "handSize": 6, "queueLengthLimit": 50}}}}}),
+    );
+    let leases = obj(
+        "flowcontrol.apiserver.k8s.io/v1",
+        "FlowSchema",
+        meta(f, &format!("{name}-leader-election"), None),
+        json!({"spec": {"priorityLevelConfiguration": {"name": "leader-election"},
+            "matchingPrecedence": 150, "distinguisherMethod": {"type": "ByUser"},
+            "rules": [{"subjects": [manager], "resourceRules": [{"verbs": ["get", "create", "update"],
+                "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "namespaces": [ns.system]}]}]}}),
+    );
+    let all = obj(
+        "flowcontrol.apiserver.k8s.io/v1",
+        "FlowSchema",
+        meta(f, name, None),
+        json!({"spec": {"priorityLevelConfiguration": {"name": name},
+            "matchingPrecedence": 850, "distinguisherMethod": {"type": "ByUser"},
+            "rules": [{"subjects": subjects, "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"],
+                "resources": ["*"], "clusterScope": true, "namespaces": ["*"]}],
+                "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}]}}),
+    );
+    vec![level, leases, all]
 }
 
 fn manager_rbac(v: &Value, f: &Value, use_sa: bool, ns: &Ns) -> Vec<Value> {

@@ -226,6 +226,24 @@ fn every_variant_validates_against_the_kubernetes_1_36_schemas() {
             files.push(file);
         }
     }
+    // The optional API Priority and Fairness objects, for each variant's identities.
+    for (i, extra) in [
+        &["--variant=deployment"][..],
+        &["--variant=static-pod", "--rbac"][..],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let values = dir.join(format!("apf-{i}.yaml"));
+        std::fs::write(&values, "apf:\n  enabled: true\n").expect("write");
+        let mut args = vec!["--values", values.to_str().expect("utf-8")];
+        args.extend(extra);
+        let yaml = ccm_manifests(&args);
+        objects += docs(&yaml).len();
+        let file = dir.join(format!("apf-{i}-objects.yaml"));
+        std::fs::write(&file, yaml).expect("write");
+        files.push(file);
+    }
     let out = Command::new(tool("kubernetes-validate"))
         .args(["--strict", "--kubernetes-version", "1.36.0"])
         .args(&files)
@@ -332,6 +350,10 @@ async fn helm_chart_renders_what_ccm_manifests_prints() {
         ),
         (
             serde_json::json!({"provider": "metal", "metal": {"announceLoadBalancers": true}}),
+            vec!["--values".into(), "VALUES_FILE".into()],
+        ),
+        (
+            serde_json::json!({"apf": {"enabled": true, "nominalConcurrencyShares": 20}}),
             vec!["--values".into(), "VALUES_FILE".into()],
         ),
         // The webhook with a Secret the operator provides (kube-sim stores the
@@ -1059,4 +1081,75 @@ fn copy_dir(from: &Path, to: &Path) {
             std::fs::copy(&path, &dest).expect("copy");
         }
     }
+}
+
+/// With `apf.enabled`, every identity the CCM sends requests as lands in its FlowSchema (the
+/// manager's ServiceAccount, or the static pod's user, and each controller's ServiceAccount),
+/// the Lease renewals of the manager in `leader-election`; without it, no flowcontrol object.
+#[test]
+fn apf_objects_cover_every_identity_of_the_ccm() {
+    assert!(
+        !ccm_manifests(&[]).contains("flowcontrol.apiserver.k8s.io"),
+        "APF objects are optional"
+    );
+    let dir = tempdir("apf");
+    let values = dir.join("apf.yaml");
+    std::fs::write(&values, "apf:\n  enabled: true\n").expect("write");
+    let v = values.to_str().expect("utf-8");
+    for (args, manager) in [
+        (
+            vec!["--values", v],
+            serde_json::json!({"kind": "ServiceAccount",
+                "serviceAccount": {"name": "cloud-controller-manager", "namespace": "kube-system"}}),
+        ),
+        (
+            vec!["--values", v, "--namespace", "ccm"],
+            serde_json::json!({"kind": "ServiceAccount",
+                "serviceAccount": {"name": "cloud-controller-manager", "namespace": "ccm"}}),
+        ),
+        (
+            vec!["--values", v, "--variant", "static-pod", "--rbac"],
+            serde_json::json!({"kind": "User", "user": {"name": "system:cloud-controller-manager"}}),
+        ),
+    ] {
+        let objects = docs(&ccm_manifests(&args));
+        let schemas: Vec<&Value> = objects
+            .iter()
+            .filter(|o| o["kind"] == "FlowSchema")
+            .collect();
+        assert_eq!(schemas.len(), 2, "{args:?}");
+        let all = schemas
+            .iter()
+            .find(|o| o["spec"]["priorityLevelConfiguration"]["name"] == "cloud-controller-manager")
+            .expect("the CCM's FlowSchema");
+        let subjects = all["spec"]["rules"][0]["subjects"]
+            .as_array()
+            .expect("subjects");
+        assert!(subjects.contains(&manager), "{args:?}: {subjects:?}");
+        let controller_sas: Vec<&Value> = objects
+            .iter()
+            .filter(|o| {
+                o["kind"] == "ServiceAccount" && o["metadata"]["name"] != "cloud-controller-manager"
+            })
+            .collect();
+        for sa in &controller_sas {
+            let subject = serde_json::json!({"kind": "ServiceAccount", "serviceAccount":
+                {"name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}});
+            assert!(subjects.contains(&subject), "{args:?}: {subject} missing");
+        }
+        let leases = schemas
+            .iter()
+            .find(|o| o["spec"]["priorityLevelConfiguration"]["name"] == "leader-election")
+            .expect("the leases' FlowSchema");
+        assert_eq!(
+            leases["spec"]["rules"][0]["subjects"],
+            serde_json::json!([manager])
+        );
+        let level = objects
+            .iter()
+            .find(|o| o["kind"] == "PriorityLevelConfiguration")
+            .expect("the CCM's priority level");
+        assert_eq!(level["spec"]["limited"]["nominalConcurrencyShares"], 30);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -440,6 +440,36 @@ pub static RESOURCES: &[ResourceDesc] = &[
         patch_lists: &[("webhooks", ListStrategy::MergeByKey("name"))],
         categories: &["api-extensions"],
     },
+    // Stored only: the chart's optional API Priority and Fairness objects are installed here
+    // by its tests (kube-sim does not queue by them; its 429s come from `faults`).
+    ResourceDesc {
+        group: "flowcontrol.apiserver.k8s.io",
+        version: "v1",
+        plural: "flowschemas",
+        singular: "flowschema",
+        kind: "FlowSchema",
+        namespaced: false,
+        short_names: NO,
+        status_subresource: true,
+        has_spec: true,
+        fields: NO,
+        patch_lists: &[("status.conditions", ListStrategy::MergeByKey("type"))],
+        categories: NO,
+    },
+    ResourceDesc {
+        group: "flowcontrol.apiserver.k8s.io",
+        version: "v1",
+        plural: "prioritylevelconfigurations",
+        singular: "prioritylevelconfiguration",
+        kind: "PriorityLevelConfiguration",
+        namespaced: false,
+        short_names: NO,
+        status_subresource: true,
+        has_spec: true,
+        fields: NO,
+        patch_lists: &[("status.conditions", ListStrategy::MergeByKey("type"))],
+        categories: NO,
+    },
 ];
 
 /// Strategic-merge keys of a pod template (`spec.template.spec`), as in `core/v1` PodSpec.
