@@ -8,6 +8,7 @@
 OPENSTACK_PINS=(
   "keystone==30.0.0" "nova==34.0.0" "neutron==29.0.0" "openstack-placement==16.0.0" "glance==33.0.0"
   "python-openstackclient==10.5.0" "python-keystoneclient==6.0.0" "gunicorn==23.0.0" "PyMySQL==1.1.2"
+  "octavia==19.0.0" "python-octaviaclient==3.15.0"
 )
 OPENSTACK_VENV="${CCM_OPENSTACK_VENV:-$(dirname "$CCM_VENV")/.venv-openstack}"
 if [ ! -x "$OPENSTACK_VENV/bin/python" ]; then
@@ -23,6 +24,7 @@ fi
 openstack_apt=()
 [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || openstack_apt+=(rabbitmq-server)
 command -v mariadbd >/dev/null 2>&1 || openstack_apt+=(mariadb-server)
+command -v openssl >/dev/null 2>&1 || openstack_apt+=(openssl)
 if [ ${#openstack_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq

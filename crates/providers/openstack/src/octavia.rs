@@ -375,7 +375,7 @@ fn wants(
                 )));
             }
             let mut listener = json!({
-                "name": named("listener", i, name), "protocol": proto,
+                "name": named("listener", i, name), "protocol": proto, "tags": [name],
                 "protocol_port": p.port, "connection_limit": opts.connection_limit,
                 "allowed_cidrs": if cidrs.is_empty() { Value::Null } else { json!(cidrs) },
             });
@@ -501,7 +501,7 @@ fn differing(want: &Value, have: &Value, fields: &[&str]) -> Option<Value> {
         let same = w == h
             || (w.is_null() && h.as_array().is_some_and(|a| a.is_empty()))
             || (h.is_null() && w.as_array().is_some_and(|a| a.is_empty()));
-        if !same && !(w.is_null() && f.starts_with("timeout_")) {
+        if !(same || w.is_null() && f.starts_with("timeout_")) {
             out.insert((*f).to_string(), w);
         }
     }
@@ -914,12 +914,10 @@ impl OctaviaLb {
 
     async fn status(&self, lb: &Lb, opts: &ServiceLb) -> CloudResult<LoadBalancerStatus> {
         let mut ip = lb.vip_address.clone();
-        if opts.floating_network_id.is_some() {
-            if let Some(port) = lb.vip_port_id.as_deref() {
-                if let Some(f) = self.fip_of_port(port).await? {
-                    ip = f.floating_ip_address;
-                }
-            }
+        if let (Some(_), Some(port)) = (&opts.floating_network_id, lb.vip_port_id.as_deref())
+            && let Some(f) = self.fip_of_port(port).await?
+        {
+            ip = f.floating_ip_address;
         }
         Ok(ingress(ip))
     }
