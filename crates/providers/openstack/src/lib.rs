@@ -1,4 +1,4 @@
-//! # ccm-provider-openstack: Keystone v3 and batched Nova instances
+//! # ccm-provider-openstack: Keystone v3, batched Nova instances, routes, Octavia load balancers
 //!
 //! `--cloud-provider=openstack` for ccm-rs, a drop-in for kubernetes/cloud-provider-openstack's
 //! openstack-cloud-controller-manager: the same `cloud.conf` (gcfg INI, with `use-clouds` and

@@ -559,18 +559,65 @@ impl OctaviaLb {
         Ok(())
     }
 
+    /// A new port: the listener, then its pool (Octavia answers 500 to a listener created with
+    /// a populated `default_pool` outside a whole-LB create).
     async fn add_listener(&self, lb_id: &str, w: Want) -> CloudResult<()> {
-        let mut body = full_listener(w);
+        let mut body = w.listener.clone();
         body["loadbalancer_id"] = json!(lb_id);
+        if body["allowed_cidrs"].is_null() {
+            body.as_object_mut().map(|o| o.remove("allowed_cidrs"));
+        }
         self.settle(lb_id).await?;
-        self.octavia(
-            "load-balancer POST /v2/lbaas/listeners",
-            Method::POST,
-            "/v2/lbaas/listeners",
-            Some(&json!({"listener": body})),
-        )
-        .await?;
-        Ok(())
+        let op = "load-balancer POST /v2/lbaas/listeners";
+        let mut v: Value = self
+            .octavia(
+                op,
+                Method::POST,
+                "/v2/lbaas/listeners",
+                Some(&json!({"listener": body})),
+            )
+            .await?
+            .json(op)?;
+        let id = v["listener"]["id"].take();
+        let id = id.as_str().ok_or_else(|| {
+            CloudError::Transient(format!("{op}: unexpected response body (no listener id)"))
+        })?;
+        self.create_pool(lb_id, id, w).await
+    }
+
+    /// A listener's pool: the pool, its members (one batch update), its monitor.
+    async fn create_pool(&self, lb_id: &str, listener_id: &str, w: Want) -> CloudResult<()> {
+        let mut body = w.pool;
+        body["listener_id"] = json!(listener_id);
+        if body["session_persistence"].is_null() {
+            body.as_object_mut()
+                .map(|o| o.remove("session_persistence"));
+        }
+        self.settle(lb_id).await?;
+        let op = "load-balancer POST /v2/lbaas/pools";
+        let mut v: Value = self
+            .octavia(
+                op,
+                Method::POST,
+                "/v2/lbaas/pools",
+                Some(&json!({"pool": body})),
+            )
+            .await?
+            .json(op)?;
+        let pool: Pool = serde_json::from_value(v["pool"].take())
+            .map_err(|e| CloudError::Transient(format!("{op}: unexpected response body ({e})")))?;
+        if !w.members.is_empty() {
+            let path = format!("/v2/lbaas/pools/{}/members", enc(&pool.id));
+            self.settle(lb_id).await?;
+            self.octavia(
+                "load-balancer PUT /v2/lbaas/pools/{id}/members",
+                Method::PUT,
+                &path,
+                Some(&json!({"members": w.members})),
+            )
+            .await?;
+        }
+        self.fix_monitor(lb_id, &pool, w.monitor).await
     }
 
     async fn remove_listener(&self, lb_id: &str, l: &Listener) -> CloudResult<()> {
@@ -649,17 +696,7 @@ impl OctaviaLb {
                     )
                     .await?;
                 }
-                let mut body = full_listener(w)["default_pool"].take();
-                body["listener_id"] = json!(l.id);
-                self.settle(lb_id).await?;
-                self.octavia(
-                    "load-balancer POST /v2/lbaas/pools",
-                    Method::POST,
-                    "/v2/lbaas/pools",
-                    Some(&json!({"pool": body})),
-                )
-                .await?;
-                Ok(())
+                self.create_pool(lb_id, &l.id, w).await
             }
         }
     }

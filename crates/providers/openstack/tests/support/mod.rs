@@ -2,6 +2,8 @@
 //! client as the cluster's user, booting servers, a provider configured against it.
 #![allow(dead_code)]
 
+pub mod lb;
+
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
