@@ -4,13 +4,15 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use ccm_cloud::{
-    CloudError, CloudProvider, CloudResult, ConfigError, InitContext, Instances, ProviderRegistry,
-    RegistryError, Routes,
+    CloudError, CloudProvider, CloudResult, ConfigError, InitContext, Instances, LoadBalancer,
+    ProviderRegistry, RegistryError, Routes,
 };
 
 use crate::config::OpenStackConfig;
 use crate::http::Http;
 use crate::keystone::Keystone;
+use crate::lbopts::LbConfig;
+use crate::octavia::OctaviaLb;
 use crate::routes::{NeutronRoutes, RouteState};
 
 /// `--cloud-provider` name and providerID scheme.
@@ -25,6 +27,7 @@ struct Inner {
     keystone: Keystone,
     regional: bool,
     routes: RouteState,
+    lb: LbConfig,
 }
 
 /// The OpenStack provider: Keystone auth, batched Nova instances, Neutron extraroutes.
@@ -53,6 +56,13 @@ impl OpenStackCloud {
         )
         .map_err(|e| ConfigError::field("[Global] ca-file", e))?;
         let http = Arc::new(http);
+        let (lb, ignored) = LbConfig::from_pairs(&config.load_balancer)?;
+        for key in ignored {
+            tracing::warn!(
+                key,
+                "this [LoadBalancer] key is not built in ccm-rs's openstack provider; it has no effect (docs/providers/openstack.md)"
+            );
+        }
         let keystone = Keystone::new(http.clone(), g.clone(), config.interface());
         Ok(OpenStackCloud(Arc::new(Inner {
             config,
@@ -60,6 +70,7 @@ impl OpenStackCloud {
             keystone,
             regional,
             routes: RouteState::default(),
+            lb,
         })))
     }
 
@@ -102,6 +113,17 @@ impl CloudProvider for OpenStackCloud {
         Some(Arc::new(self.clone()))
     }
 
+    /// Octavia load balancers; `None` with `[LoadBalancer] enabled = false` (as upstream).
+    fn load_balancer(&self) -> Option<Arc<dyn LoadBalancer>> {
+        let config = self.0.lb.clone();
+        config.enabled.then(|| {
+            Arc::new(OctaviaLb {
+                cloud: self.clone(),
+                config,
+            }) as Arc<dyn LoadBalancer>
+        })
+    }
+
     /// Neutron extraroutes on `[Route] router-id`; `None` when it is unset (as upstream).
     fn routes(&self) -> Option<Arc<dyn Routes>> {
         let router_id = self.config().router_id.clone().filter(|r| !r.is_empty())?;
@@ -133,9 +155,6 @@ impl OpenStackCloud {
 pub fn register(registry: &mut ProviderRegistry) -> Result<(), RegistryError> {
     registry.register(PROVIDER_NAME, |cfg| {
         let config = OpenStackConfig::from_cloud_config(cfg)?;
-        for (key, _) in &config.load_balancer {
-            tracing::warn!(key, "[LoadBalancer] is not built yet in ccm-rs's openstack provider; the key has no effect");
-        }
         Ok(Arc::new(OpenStackCloud::new(config)?) as Arc<dyn CloudProvider>)
     })
 }

@@ -148,7 +148,7 @@ pub struct OpenStackConfig {
     pub metadata: MetadataOpts,
     /// `[Route] router-id`: the Neutron router whose extraroutes carry the pod CIDRs.
     pub router_id: Option<String>,
-    /// `[LoadBalancer]` and `[LoadBalancerClass "…"]` keys as written: validated, no effect yet.
+    /// `[LoadBalancer]` and `[LoadBalancerClass "…"]` keys as written, validated (read by [`crate::lbopts::LbConfig`]).
     pub load_balancer: Vec<(String, String)>,
 }
 
@@ -181,7 +181,7 @@ pub const GLOBAL_KEYS: &[(&str, KeyStatus)] = &[
     ("application-credential-secret", KeyStatus::Honoured),
 ];
 
-/// `[LoadBalancer]` keys (all validated as text; the Octavia controller is not built yet).
+/// `[LoadBalancer]` keys (validated as text; [`crate::lbopts::HONOURED_KEYS`] are acted on).
 pub const LOAD_BALANCER_KEYS: &[&str] = &[
     "enabled",
     "lb-version",

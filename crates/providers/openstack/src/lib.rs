@@ -1,4 +1,4 @@
-//! # ccm-provider-openstack: Keystone v3 and batched Nova instances
+//! # ccm-provider-openstack: Keystone v3, batched Nova instances, routes, Octavia load balancers
 //!
 //! `--cloud-provider=openstack` for ccm-rs, a drop-in for kubernetes/cloud-provider-openstack's
 //! openstack-cloud-controller-manager: the same `cloud.conf` (gcfg INI, with `use-clouds` and
@@ -9,8 +9,8 @@
 //! listing (1,000 servers a page) and one Neutron ports call per 50 servers, where upstream
 //! makes a GET per Node; and a Node is called gone only when Nova itself says its server is
 //! (its 404 for that id, after a complete listing). Routes are Neutron extraroutes on
-//! `[Route] router-id`, added and removed atomically; load balancers (Octavia) are not built
-//! yet; see docs/providers/openstack.md.
+//! `[Route] router-id`, added and removed atomically. Load balancers are Octavia's, named and laid
+//! out as upstream's so existing ones are adopted in place; see docs/providers/openstack.md.
 //!
 //! HTTP is hyper with rustls on ring, as the rest of the workspace, rather than openstack_sdk:
 //! that SDK brings reqwest 0.13 (aws-lc by default), a config loader, a disk token cache and
@@ -23,7 +23,9 @@ pub mod config;
 pub mod http;
 mod instances;
 pub mod keystone;
+pub mod lbopts;
 mod nova;
+pub mod octavia;
 mod routes;
 mod secret;
 

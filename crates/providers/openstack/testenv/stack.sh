@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # A real OpenStack on 127.0.0.1 for the tests: Keystone (sqlite), RabbitMQ and MariaDB (Debian),
 # Placement and Glance (sqlite), Neutron (ML2, no agents; MariaDB: its migrations need MySQL),
-# Nova (API, conductor, scheduler, one compute on the fake virt driver; sqlite). Writes
-# $DIR/stack.env, prints READY, and runs until its stdin closes; then stops everything.
-# Usage: stack.sh DIR PORT_BASE VENV   (uses ports PORT_BASE .. PORT_BASE+8)
+# Nova (API, conductor, scheduler, one compute on the fake virt driver; sqlite); with a fourth
+# argument `octavia`, Octavia too (API and controller worker, amphora provider on its no-op
+# compute and amphora drivers; MariaDB) and an external network `public` for floating IPs.
+# Writes $DIR/stack.env, prints READY, and runs until its stdin closes; then stops everything.
+# Usage: stack.sh DIR PORT_BASE VENV [octavia]   (uses ports PORT_BASE .. PORT_BASE+9)
 set -euo pipefail
-DIR=$1; BASE=$2; VENV=$3
+DIR=$1; BASE=$2; VENV=$3; WITH_OCTAVIA=${4:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
 KS_PORT=$BASE; RMQ=$((BASE+1)); RMQ_DIST=$((BASE+2)); EPMD=$((BASE+3)); PL=$((BASE+4))
-GL=$((BASE+5)); NOVA=$((BASE+6)); NET=$((BASE+7)); DB=$((BASE+8))
+GL=$((BASE+5)); NOVA=$((BASE+6)); NET=$((BASE+7)); DB=$((BASE+8)); OCT=$((BASE+9))
+[ "$WITH_OCTAVIA" = octavia ] || OCT=""
 KS=http://127.0.0.1:$KS_PORT/v3
 PIDS=()
 cleanup() {
@@ -55,25 +58,31 @@ bash "$HERE/keystone.sh" "$DIR" "$KS_PORT" "$VENV" 3600
 wsgi ks "$KS_PORT" keystone.wsgi.api OS_KEYSTONE_CONFIG_FILES="$DIR/keystone.conf"
 waitport "$KS_PORT"
 "$VENV/bin/python" "$DIR/populate.py" "$KS" "$DIR/ids.env"
-"$VENV/bin/python" - "$KS" "$PL" "$GL" "$NOVA" "$NET" <<'PY'
+"$VENV/bin/python" - "$KS" "$PL" "$GL" "$NOVA" "$NET" "$OCT" <<'PY'
 import sys
 from keystoneauth1 import session
 from keystoneauth1.identity import v3
 from keystoneclient.v3 import client
-ks, pl, gl, nova, net = sys.argv[1:]
+ks, pl, gl, nova, net, octavia = sys.argv[1:]
 c = client.Client(session=session.Session(auth=v3.Password(
     auth_url=ks, username="admin", password="admin-secret", project_name="admin",
     user_domain_id="default", project_domain_id="default")))
 admin, svc_role = c.roles.find(name="admin"), c.roles.find(name="service")
 service = c.projects.create("service", "default")
-for name in ("placement", "glance", "nova", "neutron"):
+services = [("placement", "placement", f"http://127.0.0.1:{pl}"),
+            ("glance", "image", f"http://127.0.0.1:{gl}"),
+            ("nova", "compute", f"http://127.0.0.1:{nova}/v2.1"),
+            ("neutron", "network", f"http://127.0.0.1:{net}")]
+if octavia:
+    services.append(("octavia", "load-balancer", f"http://127.0.0.1:{octavia}"))
+    # Octavia's policy: load balancers need load-balancer_member (as deployments grant it).
+    lbm = c.roles.create("load-balancer_member")
+    c.roles.grant(lbm, user=c.users.find(name="ccm"), project=c.projects.find(name="ccm"))
+for name, _, _ in services:
     u = c.users.create(name, domain="default", password=name + "-secret")
     c.roles.grant(admin, user=u, project=service)
     c.roles.grant(svc_role, user=u, project=service)
-for name, typ, url in (("placement", "placement", f"http://127.0.0.1:{pl}"),
-                       ("glance", "image", f"http://127.0.0.1:{gl}"),
-                       ("nova", "compute", f"http://127.0.0.1:{nova}/v2.1"),
-                       ("neutron", "network", f"http://127.0.0.1:{net}")):
+for name, typ, url in services:
     s = c.services.create(name, type=typ)
     for iface in ("public", "internal"):
         c.endpoints.create(s, url, interface=iface, region="RegionOne")
@@ -112,6 +121,30 @@ for svc in conductor scheduler compute; do
 done
 for p in "$PL" "$GL" "$NET" "$NOVA"; do waitport "$p"; done
 
+# Octavia: the API allocates VIP ports in the real Neutron (allowed_address_pairs driver); the
+# worker builds amphorae on the no-op compute, network and amphora drivers, so a load balancer
+# goes ACTIVE with a real VIP port and no VM. Flows run in the worker (no jobboard).
+if [ -n "$OCT" ]; then
+  mkdir -p "$DIR/octavia"
+  # The worker signs each (no-op) amphora's certificate: a throwaway CA.
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$DIR/octavia/ca.key" -out "$DIR/octavia/ca.pem" \
+    -days 2 -subj /CN=ccm-octavia-test > "$DIR/logs/octavia-ca.log" 2>&1
+  mariadb -uroot -h127.0.0.1 -P"$DB" -e "create database if not exists octavia"
+  octavia_conf() { # network_driver
+    printf '[DEFAULT]\ntransport_url = %s\n[api_settings]\nauth_strategy = keystone\ndefault_provider_driver = amphora\nenabled_provider_drivers = amphora:Amphora on no-op drivers\n[database]\nconnection = mysql+pymysql://root@127.0.0.1:%s/octavia\n[controller_worker]\namphora_driver = amphora_noop_driver\ncompute_driver = compute_noop_driver\nnetwork_driver = %s\nloadbalancer_topology = SINGLE\namp_image_tag = amphora\namp_flavor_id = 1\namp_boot_network_list = 00000000-0000-0000-0000-000000000000\nclient_ca = %s/octavia/ca.pem\n[task_flow]\njobboard_enabled = False\n[oslo_messaging]\ntopic = octavia_prov\n[oslo_concurrency]\nlock_path = %s/lock\n[certificates]\ncert_manager = noop_cert_manager\nca_certificate = %s/octavia/ca.pem\nca_private_key = %s/octavia/ca.key\n[neutron]\nregion_name = RegionOne\nvalid_interfaces = public\n' "$TRANSPORT" "$DB" "$1" "$DIR" "$DIR" "$DIR" "$DIR"
+    authtoken octavia; creds service_auth octavia
+  }
+  octavia_conf allowed_address_pairs_driver > "$DIR/octavia/api.conf"
+  octavia_conf network_noop_driver > "$DIR/octavia/worker.conf"
+  "$VENV/bin/octavia-db-manage" --config-file "$DIR/octavia/api.conf" upgrade head > "$DIR/logs/octavia-db.log" 2>&1
+  # The config file on the command line: keystonemiddleware does not see OS_OCTAVIA_CONFIG_FILES.
+  printf 'import sys\nsys.argv = [sys.argv[0], "--config-file", "%s/octavia/api.conf"]\nfrom octavia.wsgi.api import application  # noqa\n' "$DIR" > "$DIR/octavia_wsgi.py"
+  "$VENV/bin/gunicorn" --chdir "$DIR" -w 1 -b "127.0.0.1:$OCT" --daemon --pid "$DIR/octavia.gpid" \
+    --capture-output --error-logfile "$DIR/logs/octavia.log" octavia_wsgi:application
+  "$VENV/bin/octavia-worker" --config-file "$DIR/octavia/worker.conf" > "$DIR/logs/octavia-worker.out" 2>&1 & PIDS+=($!)
+  waitport "$OCT"
+fi
+
 # A flavor and an image to boot from (as admin); wait for the compute host to be mapped.
 export OS_AUTH_URL=$KS OS_USERNAME=admin OS_PASSWORD=admin-secret OS_PROJECT_NAME=admin \
   OS_USER_DOMAIN_ID=default OS_PROJECT_DOMAIN_ID=default OS_IDENTITY_API_VERSION=3 OS_REGION_NAME=RegionOne
@@ -127,5 +160,12 @@ cat > "$DIR/stack.env" <<ENV
 OS_AUTH_URL=$KS
 NOVA_URL=http://127.0.0.1:$NOVA/v2.1
 ENV
+if [ -n "$OCT" ]; then
+  # The external network floating IPs come from (admin-made, as in a real cloud).
+  PUBLIC_NET=$("$VENV/bin/openstack" network create --external --provider-network-type flat \
+    --provider-physical-network public -f value -c id public)
+  "$VENV/bin/openstack" subnet create --network public --subnet-range 172.24.4.0/24 --no-dhcp public-sub >/dev/null
+  printf 'OCTAVIA_URL=http://127.0.0.1:%s\nPUBLIC_NET_ID=%s\n' "$OCT" "$PUBLIC_NET" >> "$DIR/stack.env"
+fi
 echo READY
 cat > /dev/null

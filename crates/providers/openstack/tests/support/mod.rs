@@ -2,6 +2,8 @@
 //! client as the cluster's user, booting servers, a provider configured against it.
 #![allow(dead_code)]
 
+pub mod lb;
+
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,7 +26,8 @@ pub fn venv() -> PathBuf {
 
 /// The running stack; dropping it closes stack.sh's stdin, which stops every service.
 pub struct Stack {
-    child: Child,
+    /// `None` for a stack this process did not start (`CCM_OPENSTACK_STACK_DIR`).
+    child: Option<Child>,
     stdin: Option<ChildStdin>,
     pub dir: PathBuf,
     pub ks_url: String,
@@ -32,21 +35,24 @@ pub struct Stack {
 
 impl Drop for Stack {
     fn drop(&mut self) {
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
         drop(self.stdin.take());
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
+            if let Ok(Some(_)) = child.try_wait() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        let _ = self.child.kill();
+        let _ = child.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
 fn free_base() -> u16 {
-    // Nine consecutive ports, probed.
+    // Ten consecutive ports, probed.
     loop {
         let base = std::net::TcpListener::bind("127.0.0.1:0")
             .expect("bind")
@@ -54,7 +60,7 @@ fn free_base() -> u16 {
             .expect("addr")
             .port();
         if base < 60000
-            && (base..base + 9).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+            && (base..base + 10).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
         {
             return base;
         }
@@ -62,6 +68,27 @@ fn free_base() -> u16 {
 }
 
 pub fn start_stack() -> Stack {
+    start_stack_with(false)
+}
+
+/// The stack with Octavia too (`octavia`), or without.
+pub fn start_stack_with(octavia: bool) -> Stack {
+    if let Some(dir) = std::env::var_os("CCM_OPENSTACK_STACK_DIR") {
+        // A stack started by hand (testenv/stack.sh), for quicker runs while developing.
+        let dir = PathBuf::from(dir);
+        let env = std::fs::read_to_string(dir.join("stack.env")).expect("stack.env");
+        let ks = env
+            .lines()
+            .find_map(|l| l.strip_prefix("OS_AUTH_URL="))
+            .expect("OS_AUTH_URL")
+            .to_string();
+        return Stack {
+            child: None,
+            stdin: None,
+            dir,
+            ks_url: ks,
+        };
+    }
     let venv = venv();
     let base = free_base();
     let dir = std::env::temp_dir().join(format!("ccm-openstack-{}-{base}", std::process::id()));
@@ -73,6 +100,7 @@ pub fn start_stack() -> Stack {
         .arg(&dir)
         .arg(base.to_string())
         .arg(&venv)
+        .args(octavia.then_some("octavia"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(
@@ -96,7 +124,7 @@ pub fn start_stack() -> Stack {
     }
     eprintln!("OpenStack ready in {:?}", t0.elapsed());
     Stack {
-        child,
+        child: Some(child),
         stdin,
         dir,
         ks_url: format!("http://127.0.0.1:{base}/v3"),
@@ -104,6 +132,36 @@ pub fn start_stack() -> Stack {
 }
 
 impl Stack {
+    /// A value of stack.env (`PUBLIC_NET_ID`, `OCTAVIA_URL`).
+    pub fn env(&self, key: &str) -> String {
+        let env = std::fs::read_to_string(self.dir.join("stack.env")).expect("stack.env");
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")).map(str::to_string))
+            .unwrap_or_else(|| panic!("{key} not in stack.env"))
+    }
+
+    /// The real `openstack` client as the cloud's admin.
+    pub fn openstack_admin(&self, args: &[&str]) -> String {
+        let out = Command::new(venv().join("bin/openstack"))
+            .args(args)
+            .env("OS_AUTH_URL", &self.ks_url)
+            .env("OS_USERNAME", "admin")
+            .env("OS_PASSWORD", "admin-secret")
+            .env("OS_PROJECT_NAME", "admin")
+            .env("OS_USER_DOMAIN_ID", "default")
+            .env("OS_PROJECT_DOMAIN_ID", "default")
+            .env("OS_IDENTITY_API_VERSION", "3")
+            .env("OS_REGION_NAME", "RegionOne")
+            .output()
+            .expect("openstack");
+        assert!(
+            out.status.success(),
+            "openstack {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
     /// The real `openstack` client as the cluster's user.
     pub fn openstack(&self, args: &[&str]) -> String {
         self.try_openstack(args)

@@ -1,0 +1,478 @@
+//! What a Service's Octavia load balancer should be: `[LoadBalancer]` in cloud.conf, overridden
+//! per Service by upstream's `loadbalancer.openstack.org/*` annotations. Each annotation is
+//! honoured or refused (an error naming it, so a Service never gets less than it asked for);
+//! the table is in docs/providers/openstack.md.
+
+use std::time::Duration;
+
+use ccm_cloud::{CloudError, ConfigError, Service};
+
+use crate::config::parse_go_duration;
+
+/// Annotation prefix of upstream's load-balancer annotations.
+pub const ANNOTATION_PREFIX: &str = "loadbalancer.openstack.org/";
+/// Upstream's internal-LB annotation (no floating IP).
+pub const ANNOTATION_INTERNAL: &str = "service.beta.kubernetes.io/openstack-internal-load-balancer";
+
+/// Annotations honoured, after `loadbalancer.openstack.org/`.
+pub const HONOURED_ANNOTATIONS: &[&str] = &[
+    "floating-network-id",
+    "floating-subnet-id",
+    "subnet-id",
+    "network-id",
+    "member-subnet-id",
+    "port-id",
+    "load-balancer-id",
+    "keep-floatingip",
+    "connection-limit",
+    "proxy-protocol",
+    "timeout-client-data",
+    "timeout-member-connect",
+    "timeout-member-data",
+    "timeout-tcp-inspect",
+    "flavor-id",
+    "availability-zone",
+    "lb-method",
+    "enable-health-monitor",
+    "health-monitor-delay",
+    "health-monitor-timeout",
+    "health-monitor-max-retries",
+    "health-monitor-max-retries-down",
+];
+
+/// Annotations refused, after `loadbalancer.openstack.org/`, with the reason.
+pub const REFUSED_ANNOTATIONS: &[(&str, &str)] = &[
+    (
+        "x-forwarded-for",
+        "HTTP listeners are not built; the listener stays TCP and would not add the header",
+    ),
+    (
+        "default-tls-container-ref",
+        "TLS-terminating listeners (Barbican) are not built",
+    ),
+    (
+        "class",
+        "[LoadBalancerClass] sections are not built; use floating-network-id/floating-subnet-id",
+    ),
+    (
+        "floating-subnet",
+        "subnet name patterns are not built; use floating-subnet-id",
+    ),
+    (
+        "floating-subnet-tags",
+        "subnet tag filters are not built; use floating-subnet-id",
+    ),
+    (
+        "hostname",
+        "hostname ingress (enable-ingress-hostname) is not built",
+    ),
+    (
+        "load-balancer-address",
+        "hostname ingress (enable-ingress-hostname) is not built",
+    ),
+    (
+        "health-monitor-type",
+        "the monitor type follows the listener protocol (TCP, UDP-CONNECT, SCTP)",
+    ),
+];
+
+/// `[LoadBalancer]` keys this provider acts on.
+pub const HONOURED_KEYS: &[&str] = &[
+    "enabled",
+    "lb-version",
+    "use-octavia",
+    "subnet-id",
+    "member-subnet-id",
+    "network-id",
+    "floating-network-id",
+    "floating-subnet-id",
+    "lb-method",
+    "lb-provider",
+    "create-monitor",
+    "monitor-delay",
+    "monitor-timeout",
+    "monitor-max-retries",
+    "monitor-max-retries-down",
+    "manage-security-groups",
+    "internal-lb",
+    "cascade-delete",
+    "flavor-id",
+    "availability-zone",
+];
+
+/// `[LoadBalancer]` from cloud.conf.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LbConfig {
+    /// `enabled` (default true): false turns the load-balancer capability off.
+    pub enabled: bool,
+    /// `subnet-id`: the VIP's subnet.
+    pub subnet_id: Option<String>,
+    /// `network-id`: the VIP's network (Octavia picks the subnet).
+    pub network_id: Option<String>,
+    /// `member-subnet-id`: the members' subnet (default: the VIP's).
+    pub member_subnet_id: Option<String>,
+    /// `floating-network-id`: where floating IPs come from; none: the VIP is the address.
+    pub floating_network_id: Option<String>,
+    /// `floating-subnet-id`.
+    pub floating_subnet_id: Option<String>,
+    /// `lb-method` (default ROUND_ROBIN).
+    pub lb_method: String,
+    /// `lb-provider` (default: Octavia's default provider).
+    pub provider: Option<String>,
+    /// `create-monitor` (default false).
+    pub create_monitor: bool,
+    /// `monitor-delay`, `monitor-timeout` (default 5s, 3s).
+    pub monitor_delay: Duration,
+    /// `monitor-timeout`.
+    pub monitor_timeout: Duration,
+    /// `monitor-max-retries` (default 1), `monitor-max-retries-down` (default 3).
+    pub monitor_max_retries: u32,
+    /// `monitor-max-retries-down`.
+    pub monitor_max_retries_down: u32,
+    /// `internal-lb` (default false): no floating IP unless a Service asks.
+    pub internal: bool,
+    /// `flavor-id`, `availability-zone`.
+    pub flavor_id: Option<String>,
+    /// `availability-zone`.
+    pub availability_zone: Option<String>,
+}
+
+impl Default for LbConfig {
+    fn default() -> Self {
+        LbConfig {
+            enabled: true,
+            subnet_id: None,
+            network_id: None,
+            member_subnet_id: None,
+            floating_network_id: None,
+            floating_subnet_id: None,
+            lb_method: "ROUND_ROBIN".into(),
+            provider: None,
+            create_monitor: false,
+            monitor_delay: Duration::from_secs(5),
+            monitor_timeout: Duration::from_secs(3),
+            monitor_max_retries: 1,
+            monitor_max_retries_down: 3,
+            internal: false,
+            flavor_id: None,
+            availability_zone: None,
+        }
+    }
+}
+
+fn field(key: &str) -> String {
+    format!("[LoadBalancer] {key}")
+}
+
+fn some(v: &str) -> Option<String> {
+    Some(v.to_string()).filter(|s| !s.is_empty())
+}
+
+impl LbConfig {
+    /// From the validated `[LoadBalancer]` pairs of [`crate::OpenStackConfig`]. Keys that are
+    /// not [`HONOURED_KEYS`] are returned for a warning. `manage-security-groups = true` is an
+    /// error: this provider does not manage security groups, and ignoring the key would leave
+    /// node ports open that the operator meant to be closed.
+    pub fn from_pairs(pairs: &[(String, String)]) -> Result<(Self, Vec<String>), ConfigError> {
+        let mut c = LbConfig::default();
+        let mut ignored = Vec::new();
+        for (key, v) in pairs {
+            let dur =
+                || parse_go_duration(v).ok_or_else(|| ConfigError::field(field(key), "a duration"));
+            let num = || {
+                v.parse::<u32>()
+                    .map_err(|_| ConfigError::field(field(key), "a whole number"))
+            };
+            match key.as_str() {
+                "enabled" => c.enabled = v == "true",
+                "lb-version" | "use-octavia" | "cascade-delete" => {}
+                "subnet-id" => c.subnet_id = some(v),
+                "network-id" => c.network_id = some(v),
+                "member-subnet-id" => c.member_subnet_id = some(v),
+                "floating-network-id" => c.floating_network_id = some(v),
+                "floating-subnet-id" => c.floating_subnet_id = some(v),
+                "lb-method" => {
+                    c.lb_method = lb_method(v).map_err(|e| ConfigError::field(field(key), e))?
+                }
+                "lb-provider" => c.provider = some(v),
+                "create-monitor" => c.create_monitor = v == "true",
+                "monitor-delay" => c.monitor_delay = dur()?,
+                "monitor-timeout" => c.monitor_timeout = dur()?,
+                "monitor-max-retries" => c.monitor_max_retries = num()?,
+                "monitor-max-retries-down" => c.monitor_max_retries_down = num()?,
+                "internal-lb" => c.internal = v == "true",
+                "flavor-id" => c.flavor_id = some(v),
+                "availability-zone" => c.availability_zone = some(v),
+                "manage-security-groups" if v == "true" => {
+                    return Err(ConfigError::field(
+                        field(key),
+                        "false: ccm-rs does not manage security groups for load balancers; the listeners admit loadBalancerSourceRanges through Octavia's allowed_cidrs",
+                    ));
+                }
+                "manage-security-groups" => {}
+                _ => ignored.push(key.clone()),
+            }
+        }
+        Ok((c, ignored))
+    }
+}
+
+fn lb_method(v: &str) -> Result<String, String> {
+    let up = v.to_ascii_uppercase();
+    match up.as_str() {
+        "ROUND_ROBIN" | "LEAST_CONNECTIONS" | "SOURCE_IP" | "SOURCE_IP_PORT" => Ok(up),
+        _ => Err(format!(
+            "ROUND_ROBIN, LEAST_CONNECTIONS, SOURCE_IP or SOURCE_IP_PORT, got {v:?}"
+        )),
+    }
+}
+
+/// A health monitor's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MonitorOpts {
+    /// Seconds between probes.
+    pub delay: u64,
+    /// Seconds a probe may take.
+    pub timeout: u64,
+    /// Successes to mark a member up.
+    pub max_retries: u32,
+    /// Failures to mark a member down.
+    pub max_retries_down: u32,
+}
+
+/// One Service's load balancer settings: [`LbConfig`] with its annotations applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceLb {
+    /// No floating IP.
+    pub internal: bool,
+    /// VIP placement.
+    pub vip_subnet_id: Option<String>,
+    /// VIP network.
+    pub vip_network_id: Option<String>,
+    /// An existing VIP port.
+    pub vip_port_id: Option<String>,
+    /// Members' subnet.
+    pub member_subnet_id: Option<String>,
+    /// Floating IP network; `None`: no floating IP.
+    pub floating_network_id: Option<String>,
+    /// Floating IP subnet.
+    pub floating_subnet_id: Option<String>,
+    /// Pool algorithm.
+    pub lb_method: String,
+    /// Octavia provider.
+    pub provider: Option<String>,
+    /// Octavia flavor.
+    pub flavor_id: Option<String>,
+    /// Availability zone.
+    pub availability_zone: Option<String>,
+    /// Health monitor, if any.
+    pub monitor: Option<MonitorOpts>,
+    /// Listener connection limit (-1: none).
+    pub connection_limit: i64,
+    /// Pools speak PROXY protocol to the nodes.
+    pub proxy_protocol: bool,
+    /// Listener timeouts (ms): client data, member connect, member data, TCP inspect.
+    pub timeouts: [Option<u64>; 4],
+    /// Keep the floating IP when the LB is deleted.
+    pub keep_floating_ip: bool,
+    /// An existing (shared) LB to put the listeners on.
+    pub lb_id: Option<String>,
+}
+
+fn ann<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {
+    svc.metadata
+        .annotations
+        .as_ref()?
+        .get(&format!("{ANNOTATION_PREFIX}{key}"))
+        .map(String::as_str)
+}
+
+fn bad(key: &str, expected: &str, got: &str) -> CloudError {
+    CloudError::Permanent(format!(
+        "annotation {ANNOTATION_PREFIX}{key}: expected {expected}, got {got:?}"
+    ))
+}
+
+fn ann_bool(svc: &Service, key: &str, default: bool) -> Result<bool, CloudError> {
+    match ann(svc, key) {
+        None => Ok(default),
+        Some("true") => Ok(true),
+        Some("false") => Ok(false),
+        Some(v) => Err(bad(key, "true or false", v)),
+    }
+}
+
+fn ann_num(svc: &Service, key: &str) -> Result<Option<u64>, CloudError> {
+    ann(svc, key)
+        .map(|v| v.parse::<u64>().map_err(|_| bad(key, "a whole number", v)))
+        .transpose()
+}
+
+fn ann_str(svc: &Service, key: &str, default: &Option<String>) -> Option<String> {
+    match ann(svc, key) {
+        Some(v) => some(v),
+        None => default.clone(),
+    }
+}
+
+fn refuse(svc: &Service) -> Result<(), CloudError> {
+    for (key, why) in REFUSED_ANNOTATIONS {
+        if let Some(v) = ann(svc, key) {
+            // An explicit "false"/empty asks for nothing this provider lacks.
+            if !v.is_empty() && v != "false" {
+                return Err(CloudError::Permanent(format!(
+                    "annotation {ANNOTATION_PREFIX}{key} is not supported by ccm-rs's openstack provider: {why}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl ServiceLb {
+    /// The settings for `svc`, or an error naming the first annotation that is malformed or
+    /// refused.
+    pub fn new(cfg: &LbConfig, svc: &Service) -> Result<Self, CloudError> {
+        refuse(svc)?;
+        let internal = match svc
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_INTERNAL))
+        {
+            None => cfg.internal,
+            Some(v) if v == "true" => true,
+            Some(v) if v == "false" => false,
+            Some(v) => {
+                return Err(CloudError::Permanent(format!(
+                    "annotation {ANNOTATION_INTERNAL}: expected true or false, got {v:?}"
+                )));
+            }
+        };
+        let monitor = ann_bool(svc, "enable-health-monitor", cfg.create_monitor)?
+            .then(|| monitor(cfg, svc))
+            .transpose()?;
+        let lb_method = match ann(svc, "lb-method") {
+            Some(v) => lb_method(v).map_err(|e| bad("lb-method", &e, v))?,
+            None => cfg.lb_method.clone(),
+        };
+        let connection_limit = match ann(svc, "connection-limit") {
+            None => -1,
+            Some(v) => v
+                .parse::<i64>()
+                .ok()
+                .filter(|n| *n >= -1)
+                .ok_or_else(|| bad("connection-limit", "-1 or a whole number", v))?,
+        };
+        let floating_network_id = if internal {
+            None
+        } else {
+            ann_str(svc, "floating-network-id", &cfg.floating_network_id)
+        };
+        Ok(ServiceLb {
+            internal,
+            vip_subnet_id: ann_str(svc, "subnet-id", &cfg.subnet_id),
+            vip_network_id: ann_str(svc, "network-id", &cfg.network_id),
+            vip_port_id: ann_str(svc, "port-id", &None),
+            member_subnet_id: ann_str(svc, "member-subnet-id", &cfg.member_subnet_id),
+            floating_network_id,
+            floating_subnet_id: ann_str(svc, "floating-subnet-id", &cfg.floating_subnet_id),
+            lb_method,
+            provider: cfg.provider.clone(),
+            flavor_id: ann_str(svc, "flavor-id", &cfg.flavor_id),
+            availability_zone: ann_str(svc, "availability-zone", &cfg.availability_zone),
+            monitor,
+            connection_limit,
+            proxy_protocol: ann_bool(svc, "proxy-protocol", false)?,
+            timeouts: [
+                ann_num(svc, "timeout-client-data")?,
+                ann_num(svc, "timeout-member-connect")?,
+                ann_num(svc, "timeout-member-data")?,
+                ann_num(svc, "timeout-tcp-inspect")?,
+            ],
+            keep_floating_ip: ann_bool(svc, "keep-floatingip", false)?,
+            lb_id: ann_str(svc, "load-balancer-id", &None),
+        })
+    }
+}
+
+fn monitor(cfg: &LbConfig, svc: &Service) -> Result<MonitorOpts, CloudError> {
+    let m = MonitorOpts {
+        delay: ann_num(svc, "health-monitor-delay")?.unwrap_or(cfg.monitor_delay.as_secs()),
+        timeout: ann_num(svc, "health-monitor-timeout")?.unwrap_or(cfg.monitor_timeout.as_secs()),
+        max_retries: ann_num(svc, "health-monitor-max-retries")?
+            .map_or(cfg.monitor_max_retries, |n| n.min(10) as u32),
+        max_retries_down: ann_num(svc, "health-monitor-max-retries-down")?
+            .map_or(cfg.monitor_max_retries_down, |n| n.min(10) as u32),
+    };
+    if m.delay == 0 || m.timeout == 0 || m.timeout > m.delay {
+        return Err(CloudError::Permanent(format!(
+            "health monitor of {}: delay ({} s) and timeout ({} s) must be positive, timeout at most delay",
+            svc.metadata.name.as_deref().unwrap_or(""),
+            m.delay,
+            m.timeout
+        )));
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(anns: &[(&str, &str)]) -> Service {
+        let mut s = Service::default();
+        s.metadata.name = Some("web".into());
+        s.metadata.annotations = Some(
+            anns.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        s
+    }
+
+    #[test]
+    fn annotations_override_the_config() {
+        let cfg = LbConfig {
+            floating_network_id: Some("pub".into()),
+            ..LbConfig::default()
+        };
+        let s = svc(&[
+            ("loadbalancer.openstack.org/floating-network-id", "other"),
+            ("loadbalancer.openstack.org/enable-health-monitor", "true"),
+            ("loadbalancer.openstack.org/health-monitor-delay", "7"),
+            ("loadbalancer.openstack.org/connection-limit", "100"),
+        ]);
+        let o = ServiceLb::new(&cfg, &s).expect("valid");
+        assert_eq!(o.floating_network_id.as_deref(), Some("other"));
+        assert_eq!(o.monitor.as_ref().map(|m| m.delay), Some(7));
+        assert_eq!(o.connection_limit, 100);
+        let internal = svc(&[(ANNOTATION_INTERNAL, "true")]);
+        assert_eq!(
+            ServiceLb::new(&cfg, &internal)
+                .expect("ok")
+                .floating_network_id,
+            None
+        );
+    }
+
+    #[test]
+    fn refused_and_malformed_annotations_name_the_annotation() {
+        let cfg = LbConfig::default();
+        let e = ServiceLb::new(
+            &cfg,
+            &svc(&[("loadbalancer.openstack.org/x-forwarded-for", "true")]),
+        )
+        .expect_err("refused");
+        assert!(e.to_string().contains("x-forwarded-for"), "{e}");
+        let e = ServiceLb::new(
+            &cfg,
+            &svc(&[("loadbalancer.openstack.org/keep-floatingip", "yes")]),
+        )
+        .expect_err("malformed");
+        assert!(e.to_string().contains("keep-floatingip"), "{e}");
+        let e = LbConfig::from_pairs(&[("manage-security-groups".into(), "true".into())])
+            .expect_err("refused");
+        assert!(e.to_string().contains("manage-security-groups"), "{e}");
+    }
+}

@@ -1,0 +1,459 @@
+//! The load-balancer scenario against the real Octavia of testenv/stack.sh (`octavia`), run on
+//! the shared stack by tests/neutron.rs: Octavia's API and controller worker, amphora provider on
+//! no-op compute/amphora drivers, VIP ports and floating IPs in the real Neutron; checked with the
+//! real `openstack` client (python-octaviaclient).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ccm_cloud::k8s_openapi::api::core::v1::{NodeAddress, NodeStatus, ServicePort, ServiceSpec};
+use ccm_cloud::{CloudError, CloudProvider, LoadBalancer, LoadBalancerStatus, Node, Service};
+use ccm_provider_openstack::OpenStackCloud;
+use serde_json::Value;
+
+use super::Stack;
+
+/// The cluster name of the scenario.
+pub const CLUSTER: &str = "kubernetes";
+
+/// A Node with one InternalIP.
+pub fn node(name: &str, ip: &str) -> Node {
+    let mut n = Node::default();
+    n.metadata.name = Some(name.into());
+    n.status = Some(NodeStatus {
+        addresses: Some(vec![NodeAddress {
+            type_: "InternalIP".into(),
+            address: ip.into(),
+        }]),
+        ..Default::default()
+    });
+    n
+}
+
+/// A LoadBalancer Service: (protocol, port, nodePort) per port, source ranges.
+pub fn service(name: &str, ports: &[(&str, i32, i32)], ranges: &[&str]) -> Service {
+    let mut s = Service::default();
+    s.metadata.name = Some(name.into());
+    s.metadata.namespace = Some("default".into());
+    s.metadata.uid = Some(format!("uid-{name}"));
+    s.spec = Some(ServiceSpec {
+        type_: Some("LoadBalancer".into()),
+        ports: Some(
+            ports
+                .iter()
+                .map(|(proto, port, node_port)| ServicePort {
+                    protocol: Some((*proto).into()),
+                    port: *port,
+                    node_port: Some(*node_port),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+        load_balancer_source_ranges: (!ranges.is_empty())
+            .then(|| ranges.iter().map(|r| r.to_string()).collect()),
+        ..Default::default()
+    });
+    s
+}
+
+fn json(stack: &Stack, args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.extend(["-f", "json"]);
+    serde_json::from_str(&stack.openstack(&a)).expect("json")
+}
+
+fn delta(c: &OpenStackCloud, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    c.api_calls()
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let d = v - before.get(&k).copied().unwrap_or(0);
+            (d > 0).then_some((k, d))
+        })
+        .collect()
+}
+
+fn total(m: &BTreeMap<String, u64>) -> u64 {
+    m.values().sum()
+}
+
+/// Runs `f` until it is not a [`CloudError::Retry`] (Octavia provisioning), at most 40 times.
+async fn until_done<T, F, Fut>(mut f: F) -> Result<T, CloudError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, CloudError>>,
+{
+    for _ in 0..40 {
+        match f().await {
+            Err(CloudError::Retry { after, message }) => {
+                eprintln!("retry: {message}");
+                tokio::time::sleep(after.min(Duration::from_secs(2))).await;
+            }
+            other => return other,
+        }
+    }
+    panic!("still provisioning after 40 tries");
+}
+
+fn ip_of(st: &LoadBalancerStatus) -> String {
+    st.ingress.as_ref().expect("ingress")[0]
+        .ip
+        .clone()
+        .expect("ip")
+}
+
+/// (name, protocol, port, allowed_cidrs) of the LB's listeners.
+fn listeners(stack: &Stack, lb: &str) -> Vec<(String, String, i64, Vec<String>)> {
+    let list = json(
+        stack,
+        &["loadbalancer", "listener", "list", "--loadbalancer", lb],
+    );
+    let mut out: Vec<_> = list
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|l| {
+            let id = l["id"].as_str().expect("id");
+            let full = json(stack, &["loadbalancer", "listener", "show", id]);
+            let mut cidrs: Vec<String> = full["allowed_cidrs"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|c| c.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default();
+            cidrs.sort();
+            (
+                full["name"].as_str().expect("name").to_string(),
+                full["protocol"].as_str().expect("protocol").to_string(),
+                full["protocol_port"].as_i64().expect("port"),
+                cidrs,
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// (address, port) of a pool's members.
+fn members(stack: &Stack, pool: &str) -> Vec<(String, i64)> {
+    let list = json(stack, &["loadbalancer", "member", "list", pool]);
+    let mut out: Vec<_> = list
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|m| {
+            (
+                m["address"].as_str().expect("address").to_string(),
+                m["protocol_port"].as_i64().expect("port"),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn pools(stack: &Stack, lb: &str) -> Vec<(String, String)> {
+    let list = json(
+        stack,
+        &["loadbalancer", "pool", "list", "--loadbalancer", lb],
+    );
+    let mut out: Vec<_> = list
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().expect("name").to_string(),
+                p["id"].as_str().expect("id").to_string(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn lb_id(stack: &Stack, name: &str) -> String {
+    json(stack, &["loadbalancer", "show", name])["id"]
+        .as_str()
+        .expect("id")
+        .to_string()
+}
+
+/// Create, steady state, Node change, source ranges, port removal, adoption of an LB laid out
+/// as upstream's, delete; prints the calls of each step.
+pub async fn scenario(stack: &Stack) {
+    let t0 = std::time::Instant::now();
+    let public = stack.env("PUBLIC_NET_ID");
+    let net = stack.openstack(&["network", "create", "-f", "value", "-c", "id", "lb-net"]);
+    let subnet = stack.openstack(&[
+        "subnet",
+        "create",
+        "--network",
+        &net,
+        "--subnet-range",
+        "10.1.0.0/24",
+        "-f",
+        "value",
+        "-c",
+        "id",
+        "lb-sub",
+    ]);
+    // Floating IPs reach the subnet through a router on the public network, as in a real cloud.
+    let router = stack.openstack(&["router", "create", "-f", "value", "-c", "id", "lb-router"]);
+    stack.openstack(&["router", "set", "--external-gateway", &public, &router]);
+    stack.openstack(&["router", "add", "subnet", &router, &subnet]);
+    let conf = format!(
+        "[LoadBalancer]\nsubnet-id = {subnet}\nfloating-network-id = {public}\ncreate-monitor = true\n"
+    );
+    let cloud = stack.cloud_with("ccm-secret", &conf);
+    let lbs = cloud.load_balancer().expect("load balancers");
+    let (a, b, c) = (
+        node("node-a", "10.1.0.11"),
+        node("node-b", "10.1.0.12"),
+        node("node-c", "10.1.0.13"),
+    );
+    let ab = [a.clone(), b.clone()];
+    let ac = [a.clone(), c.clone()];
+
+    // Create: one LB, a listener per port, pools, members = the nodes, monitors, a FIP.
+    let web = service(
+        "web",
+        &[("TCP", 80, 30080), ("UDP", 53, 30053)],
+        &["192.168.0.0/16", "10.0.0.0/8"],
+    );
+    let before = cloud.api_calls();
+    let st = until_done(|| lbs.ensure_load_balancer(CLUSTER, &web, &ab))
+        .await
+        .expect("ensure");
+    let create_calls = delta(&cloud, &before);
+    eprintln!("create: {} calls {create_calls:?}", total(&create_calls));
+    let name = "kube_service_kubernetes_default_web";
+    let lb = json(stack, &["loadbalancer", "show", name]);
+    assert_eq!(lb["provisioning_status"], "ACTIVE");
+    let fips = json(
+        stack,
+        &[
+            "floating",
+            "ip",
+            "list",
+            "--port",
+            lb["vip_port_id"].as_str().expect("port"),
+        ],
+    );
+    assert_eq!(fips.as_array().expect("list").len(), 1, "{fips}");
+    assert_eq!(
+        ip_of(&st),
+        fips[0]["Floating IP Address"].as_str().expect("fip")
+    );
+    let ranges = vec!["10.0.0.0/8".to_string(), "192.168.0.0/16".to_string()];
+    assert_eq!(
+        listeners(stack, name),
+        vec![
+            (
+                format!("listener_0_{name}"),
+                "TCP".into(),
+                80,
+                ranges.clone()
+            ),
+            (
+                format!("listener_1_{name}"),
+                "UDP".into(),
+                53,
+                ranges.clone()
+            ),
+        ]
+    );
+    let web_pools = pools(stack, name);
+    assert_eq!(
+        web_pools.iter().map(|p| p.0.clone()).collect::<Vec<_>>(),
+        vec![format!("pool_0_{name}"), format!("pool_1_{name}")]
+    );
+    assert_eq!(
+        members(stack, &web_pools[0].1),
+        vec![("10.1.0.11".into(), 30080), ("10.1.0.12".into(), 30080)]
+    );
+    let monitors = json(stack, &["loadbalancer", "healthmonitor", "list"]);
+    assert_eq!(monitors.as_array().expect("list").len(), 2, "{monitors}");
+
+    // Nothing changed: no write.
+    let before = cloud.api_calls();
+    until_done(|| lbs.ensure_load_balancer(CLUSTER, &web, &ab))
+        .await
+        .expect("ensure again");
+    let steady = delta(&cloud, &before);
+    eprintln!("steady ensure: {} calls {steady:?}", total(&steady));
+    assert!(steady.keys().all(|k| k.contains(" GET ")), "{steady:?}");
+
+    // Node change: one members listing and one batch update per pool.
+    let before = cloud.api_calls();
+    until_done(|| lbs.update_load_balancer(CLUSTER, &web, &ac))
+        .await
+        .expect("update");
+    let update = delta(&cloud, &before);
+    eprintln!("update: {} calls {update:?}", total(&update));
+    assert_eq!(
+        update.get("load-balancer GET /v2/lbaas/pools/{id}/members"),
+        Some(&2)
+    );
+    assert_eq!(
+        update.get("load-balancer PUT /v2/lbaas/pools/{id}/members"),
+        Some(&2)
+    );
+    assert_eq!(
+        members(stack, &web_pools[1].1),
+        vec![("10.1.0.11".into(), 30053), ("10.1.0.13".into(), 30053)]
+    );
+
+    // Narrower source ranges: the listeners admit exactly the new set.
+    let narrow = service(
+        "web",
+        &[("TCP", 80, 30080), ("UDP", 53, 30053)],
+        &["10.0.0.0/8"],
+    );
+    until_done(|| lbs.ensure_load_balancer(CLUSTER, &narrow, &ac))
+        .await
+        .expect("narrow");
+    let l = listeners(stack, name);
+    assert!(
+        l.iter().all(|x| x.3 == vec!["10.0.0.0/8".to_string()]),
+        "{l:?}"
+    );
+
+    // A port dropped: its listener and pool go; the other stays as it was.
+    let one = service("web", &[("TCP", 80, 30080)], &["10.0.0.0/8"]);
+    until_done(|| lbs.ensure_load_balancer(CLUSTER, &one, &ac))
+        .await
+        .expect("one port");
+    assert_eq!(listeners(stack, name).len(), 1);
+    assert_eq!(pools(stack, name), vec![web_pools[0].clone()]);
+
+    adopt_upstream_layout(stack, &subnet, lbs.as_ref(), &cloud, &ab).await;
+
+    // Delete: the LBs and their floating IPs are gone.
+    for svc in [&one, &service("legacy", &[("TCP", 8080, 30100)], &[])] {
+        let before = cloud.api_calls();
+        until_done(|| lbs.ensure_load_balancer_deleted(CLUSTER, svc))
+            .await
+            .expect("delete");
+        let d = delta(&cloud, &before);
+        eprintln!("delete: {} calls {d:?}", total(&d));
+    }
+    let mut gone = false;
+    for _ in 0..60 {
+        let left = json(stack, &["loadbalancer", "list"]);
+        if left.as_array().expect("list").is_empty() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(gone, "load balancers left after delete");
+    let fips = json(stack, &["floating", "ip", "list"]);
+    assert_eq!(fips.as_array().expect("list").len(), 0, "{fips}");
+    assert_eq!(
+        lbs.get_load_balancer(CLUSTER, &one).await.expect("get"),
+        None
+    );
+    assert_eq!(
+        lbs.ensure_load_balancer_deleted(CLUSTER, &one).await,
+        Ok(()),
+        "deleting what is gone is done"
+    );
+    eprintln!("load-balancer scenario: {:?}", t0.elapsed());
+}
+
+/// An LB made as openstack-cloud-controller-manager makes it is adopted: same LB, listener
+/// and pool, members brought to the nodes, nothing deleted.
+async fn adopt_upstream_layout(
+    stack: &Stack,
+    subnet: &str,
+    lbs: &dyn LoadBalancer,
+    cloud: &OpenStackCloud,
+    nodes: &[Node],
+) {
+    let name = "kube_service_kubernetes_default_legacy";
+    let id = stack.openstack(&[
+        "loadbalancer",
+        "create",
+        "--name",
+        name,
+        "--vip-subnet-id",
+        subnet,
+        "--wait",
+        "-f",
+        "value",
+        "-c",
+        "id",
+    ]);
+    let listener = stack.openstack(&[
+        "loadbalancer",
+        "listener",
+        "create",
+        "--name",
+        &format!("listener_0_{name}"),
+        "--protocol",
+        "TCP",
+        "--protocol-port",
+        "8080",
+        "--wait",
+        "-f",
+        "value",
+        "-c",
+        "id",
+        &id,
+    ]);
+    let pool = stack.openstack(&[
+        "loadbalancer",
+        "pool",
+        "create",
+        "--name",
+        &format!("pool_0_{name}"),
+        "--protocol",
+        "TCP",
+        "--lb-algorithm",
+        "ROUND_ROBIN",
+        "--listener",
+        &listener,
+        "--wait",
+        "-f",
+        "value",
+        "-c",
+        "id",
+    ]);
+    stack.openstack(&[
+        "loadbalancer",
+        "member",
+        "create",
+        "--address",
+        "10.1.0.11",
+        "--protocol-port",
+        "30100",
+        "--name",
+        "node-a",
+        "--wait",
+        &pool,
+    ]);
+    let legacy = service("legacy", &[("TCP", 8080, 30100)], &[]);
+    let before = cloud.api_calls();
+    until_done(|| lbs.ensure_load_balancer(CLUSTER, &legacy, nodes))
+        .await
+        .expect("adopt");
+    let d = delta(cloud, &before);
+    eprintln!("adopt: {} calls {d:?}", total(&d));
+    assert!(
+        d.keys().all(|k| !k.contains("DELETE")
+            && !k.contains("POST /v2/lbaas/loadbalancers")
+            && !k.contains("POST /v2/lbaas/listeners")),
+        "adoption recreated something: {d:?}"
+    );
+    assert_eq!(lb_id(stack, name), id);
+    assert_eq!(
+        pools(stack, name),
+        vec![(format!("pool_0_{name}"), pool.clone())]
+    );
+    assert_eq!(
+        members(stack, &pool),
+        vec![("10.1.0.11".into(), 30100), ("10.1.0.12".into(), 30100)]
+    );
+}
