@@ -2,10 +2,12 @@
 #![forbid(unsafe_code)]
 
 mod admission;
+mod apply;
 pub mod cost;
 mod discovery;
 mod faults;
 mod kinds;
+mod managed;
 mod metrics;
 mod patch;
 mod proto;

@@ -15,6 +15,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc};
 
 use crate::faults::FaultConfig;
+use crate::managed::Writer;
 use crate::metrics::{Metrics, RequestKey, Verb};
 use crate::patch::{self, PatchType};
 use crate::rbac::{self, Attributes, UserInfo};
@@ -22,8 +23,8 @@ use crate::resources::{self, RESOURCES, ResourceDesc, ids};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
 use crate::store::{
-    Deleted, Endpoint, EventType, Key, Preconditions, Store, WatchEvent, WatchStart, event_line,
-    now_rfc3339,
+    Deleted, Endpoint, EventType, Key, Manage, Preconditions, Store, WatchEvent, WatchStart,
+    event_line, now_rfc3339,
 };
 use crate::table::{self, IncludeObject};
 
@@ -594,14 +595,17 @@ impl Shared {
                 // (`Metrics::counting`); dispatch never awaits, so no guard spans an await.
                 let resp = {
                     let _counting = self.metrics.counting();
-                    let resp =
-                        match self
-                            .clone()
-                            .dispatch(verb, &target, &q, body, &content_type, shape)
-                        {
-                            Ok(r) => r,
-                            Err(e) => error_resp(&e),
-                        };
+                    let resp = match self.clone().dispatch(
+                        verb,
+                        &target,
+                        &q,
+                        body,
+                        (&content_type, &client),
+                        shape,
+                    ) {
+                        Ok(r) => r,
+                        Err(e) => error_resp(&e),
+                    };
                     if verb.is_write() {
                         self.count(verb, &target, resp.status().as_u16(), &client, &user);
                     }
@@ -726,10 +730,11 @@ impl Shared {
         t: &Target,
         q: &Query,
         body: Bytes,
-        content_type: &str,
+        (content_type, client): (&str, &str),
         shape: Shape,
     ) -> Result<Response<Body>, ApiError> {
         let desc = &RESOURCES[t.res];
+        let writer = Writer::new(q.get("fieldManager"), Some(client));
         if desc.namespaced != t.ns.is_some() {
             // Namespaced kinds may be listed and watched across namespaces; nothing else.
             let all_ns_read =
@@ -774,33 +779,37 @@ impl Shared {
                 }
                 let obj = parse_body(&body)?;
                 check_type(desc, &obj)?;
-                let out = store.create_opts(t.res, &ns, obj, dry_run(q)?)?;
+                let manage = Manage::Update(&writer);
+                let out = store.create_as(t.res, &ns, obj, dry_run(q)?, manage)?;
                 Ok(render_one(t.res, 201, &out, shape))
             }
             Verb::Update => {
                 let name = t.name.as_deref().unwrap_or_default();
                 let obj = parse_body(&body)?;
                 check_type(desc, &obj)?;
-                let out = store.update_opts(
+                let out = store.update_as(
                     t.res,
-                    &ns,
-                    name,
+                    (&ns, name),
                     endpoint,
                     &mut |_| Ok(obj.clone()),
                     dry_run(q)?,
+                    Manage::Update(&writer),
                 )?;
                 Ok(render_one(t.res, 200, &out, shape))
             }
             Verb::Patch => {
                 let name = t.name.as_deref().unwrap_or_default();
+                if crate::apply::is_apply(content_type) {
+                    return self.server_side_apply(t, q, endpoint, &body, shape);
+                }
                 let ty = PatchType::from_content_type(content_type)?;
-                let out = store.update_opts(
+                let out = store.update_as(
                     t.res,
-                    &ns,
-                    name,
+                    (&ns, name),
                     endpoint,
                     &mut |cur| patch::apply(desc, cur, ty, &body),
                     dry_run(q)?,
+                    Manage::Update(&writer),
                 )?;
                 Ok(render_one(t.res, 200, &out, shape))
             }
@@ -836,6 +845,60 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// `PATCH` with an apply patch: creates the object when absent, else merges into it.
+    fn server_side_apply(
+        &self,
+        t: &Target,
+        q: &Query,
+        endpoint: Endpoint,
+        body: &[u8],
+        shape: Shape,
+    ) -> Result<Response<Body>, ApiError> {
+        let desc = &RESOURCES[t.res];
+        let (ns, name) = (
+            t.ns.as_deref().unwrap_or_default(),
+            t.name.as_deref().unwrap_or_default(),
+        );
+        let manager = q
+            .get("fieldManager")
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| ApiError::bad_request("fieldManager is required for apply requests"))?;
+        let mut cfg = crate::apply::parse_config(desc, body)?;
+        match cfg.pointer("/metadata/name").and_then(Value::as_str) {
+            Some(n) if n != name => {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                )));
+            }
+            Some(_) => {}
+            None => cfg["metadata"]["name"] = json!(name),
+        }
+        let req = crate::apply::Apply {
+            manager,
+            force: q.flag("force"),
+            endpoint,
+        };
+        let dry = dry_run(q)?;
+        match self.store.get(t.res, ns, name) {
+            Err(e) if e.code == 404 && endpoint == Endpoint::Main => {
+                let obj = crate::apply::apply(desc, None, &cfg, &req)?;
+                let out = self.store.create_as(t.res, ns, obj, dry, Manage::Applied)?;
+                return Ok(render_one(t.res, 201, &out, shape));
+            }
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
+        let out = self.store.update_as(
+            t.res,
+            (ns, name),
+            endpoint,
+            &mut |cur| crate::apply::apply(desc, Some(cur), &cfg, &req),
+            dry,
+            Manage::Applied,
+        )?;
+        Ok(render_one(t.res, 200, &out, shape))
     }
 
     fn token_request(&self, ns: &str, name: &str, body: &[u8]) -> Result<Response<Body>, ApiError> {
