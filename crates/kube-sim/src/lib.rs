@@ -9,9 +9,11 @@ mod faults;
 mod kinds;
 mod managed;
 mod metrics;
+mod openapi;
 mod patch;
 mod proto;
 pub mod rbac;
+mod realistic;
 mod resources;
 mod review;
 mod scale;
@@ -40,6 +42,7 @@ use tokio::net::TcpListener;
 
 pub use faults::Faults;
 pub use metrics::{RequestCount, RequestKey, Verb};
+pub use realistic::{realistic_node, realistic_node_status, realistic_service};
 pub use resources::{ListStrategy, RESOURCES, ResourceDesc};
 pub use status::{ApiError, FieldError, FieldErrorKind};
 

@@ -463,8 +463,9 @@ impl Shared {
             ["apis"] => return json_resp(200, &crate::discovery::api_group_list()),
             ["openapi", "v3"] => return json_resp(200, &crate::discovery::openapi_v3_index()),
             ["openapi", "v3", rest @ ..] => {
-                return match crate::discovery::openapi_v3_doc(&rest.join("/")) {
-                    Some(v) => json_resp(200, &v),
+                let gv = rest.join("/");
+                return match crate::openapi::cached(&gv, || crate::discovery::openapi_v3_doc(&gv)) {
+                    Some(b) => json_bytes(200, b, "application/json"),
                     None => error_resp(&ApiError::no_route()),
                 };
             }
@@ -779,6 +780,7 @@ impl Shared {
                 }
                 let obj = parse_body(&body)?;
                 check_type(desc, &obj)?;
+                strict(desc, q, &obj)?;
                 let manage = Manage::Update(&writer);
                 let out = store.create_as(t.res, &ns, obj, dry_run(q)?, manage)?;
                 Ok(render_one(t.res, 201, &out, shape))
@@ -787,6 +789,7 @@ impl Shared {
                 let name = t.name.as_deref().unwrap_or_default();
                 let obj = parse_body(&body)?;
                 check_type(desc, &obj)?;
+                strict(desc, q, &obj)?;
                 let out = store.update_as(
                     t.res,
                     (&ns, name),
@@ -807,7 +810,11 @@ impl Shared {
                     t.res,
                     (&ns, name),
                     endpoint,
-                    &mut |cur| patch::apply(desc, cur, ty, &body),
+                    &mut |cur| {
+                        let out = patch::apply(desc, cur, ty, &body)?;
+                        strict(desc, q, &out)?;
+                        Ok(out)
+                    },
                     dry_run(q)?,
                     Manage::Update(&writer),
                 )?;
@@ -866,6 +873,7 @@ impl Shared {
             .filter(|m| !m.is_empty())
             .ok_or_else(|| ApiError::bad_request("fieldManager is required for apply requests"))?;
         let mut cfg = crate::apply::parse_config(desc, body)?;
+        strict(desc, q, &cfg)?;
         match cfg.pointer("/metadata/name").and_then(Value::as_str) {
             Some(n) if n != name => {
                 return Err(ApiError::bad_request(format!(
@@ -1351,6 +1359,22 @@ fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
                 ))
             }
         })
+}
+
+/// `fieldValidation=Strict`: a field the kind's schema does not have is a 400, worded as
+/// kube-apiserver's strict decoding error. `Warn` and `Ignore` store the object as sent.
+fn strict(desc: &ResourceDesc, q: &Query, obj: &Value) -> Result<(), ApiError> {
+    if q.get("fieldValidation") != Some("Strict") {
+        return Ok(());
+    }
+    match crate::openapi::unknown_field(desc, obj) {
+        Some(f) => Err(ApiError::bad_request(format!(
+            "{k} in version {v:?} cannot be handled as a {k}: strict decoding error: unknown field {f:?}",
+            k = desc.kind,
+            v = desc.version
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn check_type(desc: &ResourceDesc, obj: &Value) -> Result<(), ApiError> {
