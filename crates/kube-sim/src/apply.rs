@@ -58,6 +58,16 @@ pub fn parse_config(desc: &ResourceDesc, body: &[u8]) -> Result<Value, ApiError>
     {
         return Err(ApiError::bad_request("metadata.managedFields must be nil"));
     }
+    let mut v = v;
+    match v.get("metadata") {
+        None | Some(Value::Null) => v["metadata"] = json!({}),
+        Some(Value::Object(_)) => {}
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "error decoding YAML: metadata: expected an object",
+            ));
+        }
+    }
     Ok(v)
 }
 

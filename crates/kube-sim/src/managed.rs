@@ -584,6 +584,110 @@ mod tests {
         );
     }
 
+    /// `{"a": {"b": [items]}}` for path `a.b`.
+    fn at(path: &str, items: Value) -> Value {
+        path.rsplit('.').fold(items, |v, k| json!({ k: v }))
+    }
+
+    /// How k8s-openapi's `DeepMerge` (generated from upstream's list-type extensions) merges
+    /// two one-item lists at `path`: 2 items for map and set lists, 1 for atomic ones.
+    fn upstream_len<T>(path: &str, a: Value, b: Value) -> usize
+    where
+        T: k8s_openapi::DeepMerge + serde::de::DeserializeOwned + serde::Serialize,
+    {
+        let mut x: T = serde_json::from_value(at(path, json!([a]))).expect("typed");
+        let y: T = serde_json::from_value(at(path, json!([b]))).expect("typed");
+        x.merge_from(y);
+        let v = serde_json::to_value(&x).expect("json");
+        let ptr = format!("/{}", path.replace('.', "/"));
+        v.pointer(&ptr)
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len)
+    }
+
+    #[test]
+    fn list_types_agree_with_upstream_definitions() {
+        use k8s_openapi::api::core::v1::{Node, Pod, Service};
+        let node = &RESOURCES[ids::NODES];
+        let svc = &RESOURCES[ids::SERVICES];
+        let pod = RESOURCES.iter().find(|r| r.plural == "pods").expect("pods");
+        let cases: Vec<(&ResourceDesc, &str, usize)> = vec![
+            (
+                node,
+                "status.addresses",
+                upstream_len::<Node>(
+                    "status.addresses",
+                    json!({"type": "InternalIP", "address": "10.0.0.1"}),
+                    json!({"type": "Hostname", "address": "h"}),
+                ),
+            ),
+            (
+                node,
+                "status.conditions",
+                upstream_len::<Node>(
+                    "status.conditions",
+                    json!({"type": "Ready", "status": "True"}),
+                    json!({"type": "X", "status": "False"}),
+                ),
+            ),
+            (
+                node,
+                "spec.podCIDRs",
+                upstream_len::<Node>("spec.podCIDRs", json!("10.0.0.0/24"), json!("fd00::/64")),
+            ),
+            (
+                node,
+                "spec.taints",
+                upstream_len::<Node>(
+                    "spec.taints",
+                    json!({"key": "a", "effect": "NoSchedule"}),
+                    json!({"key": "b", "effect": "NoSchedule"}),
+                ),
+            ),
+            (
+                node,
+                "status.images",
+                upstream_len::<Node>(
+                    "status.images",
+                    json!({"names": ["a"]}),
+                    json!({"names": ["b"]}),
+                ),
+            ),
+            (
+                svc,
+                "spec.ports",
+                upstream_len::<Service>("spec.ports", json!({"port": 80}), json!({"port": 81})),
+            ),
+            (
+                svc,
+                "spec.clusterIPs",
+                upstream_len::<Service>("spec.clusterIPs", json!("10.0.0.1"), json!("fd00::1")),
+            ),
+            (
+                pod,
+                "spec.containers",
+                upstream_len::<Pod>(
+                    "spec.containers",
+                    json!({"name": "a"}),
+                    json!({"name": "b"}),
+                ),
+            ),
+            (
+                pod,
+                "spec.tolerations",
+                upstream_len::<Pod>("spec.tolerations", json!({"key": "a"}), json!({"key": "b"})),
+            ),
+        ];
+        for (desc, path, merged) in cases {
+            let ours = if list_type(desc, path) == ListType::Atomic {
+                1
+            } else {
+                2
+            };
+            assert_eq!(ours, merged, "{} {path}", desc.plural);
+        }
+    }
+
     #[test]
     fn update_moves_changed_fields_to_the_writer() {
         let desc = RESOURCES

@@ -881,7 +881,11 @@ impl Shared {
                 )));
             }
             Some(_) => {}
-            None => cfg["metadata"]["name"] = json!(name),
+            None => {
+                if let Some(m) = cfg.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.insert("name".into(), json!(name));
+                }
+            }
         }
         let req = crate::apply::Apply {
             manager,
