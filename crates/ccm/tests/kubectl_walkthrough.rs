@@ -175,7 +175,30 @@ async fn kubectl_walkthrough_against_ccm_demo() {
     typed_creates(&k).await;
     lease_label_annotate_taint_cordon(&k).await;
     replace_and_patch(&k).await;
+    server_side_apply_and_explain(&k).await;
     discovery_and_metrics(&k).await;
+}
+
+/// `apply --server-side` (what Helm 4 and Flux send) and `explain`, from kube-sim's OpenAPI v3.
+async fn server_side_apply_and_explain(k: &Kubectl) {
+    let file = k.write(
+        "ssa.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: ssa-web\nspec:\n  type: LoadBalancer\n  \
+         selector: {app: ssa-web}\n  ports:\n  - {name: http, port: 80, targetPort: 8080}\n",
+    );
+    let out = k.ok(&["apply", "--server-side", "-f", &file]).await;
+    assert!(out.contains("service/ssa-web serverside-applied"), "{out}");
+    let svc = k
+        .json(&["get", "svc", "ssa-web", "--show-managed-fields"])
+        .await;
+    let managers = svc["metadata"]["managedFields"].to_string();
+    assert!(
+        managers.contains(r#""manager":"kubectl","operation":"Apply""#),
+        "{managers}"
+    );
+    let out = k.ok(&["explain", "service.spec.loadBalancerClass"]).await;
+    assert!(out.contains("FIELD: loadBalancerClass <string>"), "{out}");
+    k.ok(&["delete", "svc", "ssa-web", "--timeout=60s"]).await;
 }
 
 async fn nodes_wide_and_describe(k: &Kubectl) {

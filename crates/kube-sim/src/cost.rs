@@ -80,8 +80,7 @@ impl CostModel {
     /// a LIST 1.3 ms + 0.31 ms/KiB, a WATCH 1.3 ms to start. These are 2.6× the first round's
     /// guesses, which were tuned against the *new* CCM's registrations and made the old CCM's
     /// burst 2.4× faster than it was on the real server. The CCM's own CPU is not reproduced
-    /// (0.6 s here, 1.41 s there): it is not a server cost. One likely share, not measured:
-    /// kube-apiserver's objects carry managedFields and kube-sim's do not.
+    /// (0.6 s here, 1.41 s there): it is not a server cost.
     pub fn calibrated() -> Self {
         CostModel {
             get: Cost::micros(1_040, 156),

@@ -186,9 +186,9 @@ pub fn openapi_v3_index() -> Value {
 }
 
 /// `/openapi/v3/{api/v1 | apis/g/v}`: PATCH operations tagged with their kinds and the
-/// `fieldValidation` parameter, and no schemas. The request bodies deliberately omit the
-/// strategic-merge content type, so `kubectl apply` computes its patch from its compiled-in
-/// types (which carry the real merge keys) instead of from this schema-less document.
+/// `fieldValidation` parameter, and the kinds' schemas (`crate::openapi`). The request bodies
+/// omit the strategic-merge content type, so `kubectl apply` computes its patch from its
+/// compiled-in types (which carry the real merge keys and directives).
 pub fn openapi_v3_doc(gv: &str) -> Option<Value> {
     let mut paths = serde_json::Map::new();
     let mut found = false;
@@ -232,7 +232,7 @@ pub fn openapi_v3_doc(gv: &str) -> Option<Value> {
             "openapi": "3.0.0",
             "info": {"title": "Kubernetes", "version": format!("v1.{KUBE_MINOR}.0")},
             "paths": paths,
-            "components": {"schemas": {}},
+            "components": {"schemas": crate::openapi::components(gv, gv_path)},
         })
     })
 }

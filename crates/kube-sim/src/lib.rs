@@ -2,14 +2,18 @@
 #![forbid(unsafe_code)]
 
 mod admission;
+mod apply;
 pub mod cost;
 mod discovery;
 mod faults;
 mod kinds;
+mod managed;
 mod metrics;
+mod openapi;
 mod patch;
 mod proto;
 pub mod rbac;
+mod realistic;
 mod resources;
 mod review;
 mod scale;
@@ -38,6 +42,7 @@ use tokio::net::TcpListener;
 
 pub use faults::Faults;
 pub use metrics::{RequestCount, RequestKey, Verb};
+pub use realistic::{realistic_node, realistic_node_status, realistic_service};
 pub use resources::{ListStrategy, RESOURCES, ResourceDesc};
 pub use status::{ApiError, FieldError, FieldErrorKind};
 

@@ -1,4 +1,4 @@
-//! The three patch types kube-apiserver accepts (server-side apply excepted).
+//! Three of the four patch types kube-apiserver accepts (server-side apply is `crate::apply`).
 //!
 //! Strategic merge patch is the one clients lean on most (kubectl, client-go's
 //! `PatchNodeStatus`, the cloud-provider node controller), and its list semantics depend on

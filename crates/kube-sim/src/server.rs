@@ -15,6 +15,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc};
 
 use crate::faults::FaultConfig;
+use crate::managed::Writer;
 use crate::metrics::{Metrics, RequestKey, Verb};
 use crate::patch::{self, PatchType};
 use crate::rbac::{self, Attributes, UserInfo};
@@ -22,8 +23,8 @@ use crate::resources::{self, RESOURCES, ResourceDesc, ids};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
 use crate::store::{
-    Deleted, Endpoint, EventType, Key, Preconditions, Store, WatchEvent, WatchStart, event_line,
-    now_rfc3339,
+    Deleted, Endpoint, EventType, Key, Manage, Preconditions, Store, WatchEvent, WatchStart,
+    event_line, now_rfc3339,
 };
 use crate::table::{self, IncludeObject};
 
@@ -462,8 +463,9 @@ impl Shared {
             ["apis"] => return json_resp(200, &crate::discovery::api_group_list()),
             ["openapi", "v3"] => return json_resp(200, &crate::discovery::openapi_v3_index()),
             ["openapi", "v3", rest @ ..] => {
-                return match crate::discovery::openapi_v3_doc(&rest.join("/")) {
-                    Some(v) => json_resp(200, &v),
+                let gv = rest.join("/");
+                return match crate::openapi::cached(&gv, || crate::discovery::openapi_v3_doc(&gv)) {
+                    Some(b) => json_bytes(200, b, "application/json"),
                     None => error_resp(&ApiError::no_route()),
                 };
             }
@@ -594,14 +596,17 @@ impl Shared {
                 // (`Metrics::counting`); dispatch never awaits, so no guard spans an await.
                 let resp = {
                     let _counting = self.metrics.counting();
-                    let resp =
-                        match self
-                            .clone()
-                            .dispatch(verb, &target, &q, body, &content_type, shape)
-                        {
-                            Ok(r) => r,
-                            Err(e) => error_resp(&e),
-                        };
+                    let resp = match self.clone().dispatch(
+                        verb,
+                        &target,
+                        &q,
+                        body,
+                        (&content_type, &client),
+                        shape,
+                    ) {
+                        Ok(r) => r,
+                        Err(e) => error_resp(&e),
+                    };
                     if verb.is_write() {
                         self.count(verb, &target, resp.status().as_u16(), &client, &user);
                     }
@@ -726,10 +731,11 @@ impl Shared {
         t: &Target,
         q: &Query,
         body: Bytes,
-        content_type: &str,
+        (content_type, client): (&str, &str),
         shape: Shape,
     ) -> Result<Response<Body>, ApiError> {
         let desc = &RESOURCES[t.res];
+        let writer = Writer::new(q.get("fieldManager"), Some(client));
         if desc.namespaced != t.ns.is_some() {
             // Namespaced kinds may be listed and watched across namespaces; nothing else.
             let all_ns_read =
@@ -774,33 +780,43 @@ impl Shared {
                 }
                 let obj = parse_body(&body)?;
                 check_type(desc, &obj)?;
-                let out = store.create_opts(t.res, &ns, obj, dry_run(q)?)?;
+                strict(desc, q, &obj)?;
+                let manage = Manage::Update(&writer);
+                let out = store.create_as(t.res, &ns, obj, dry_run(q)?, manage)?;
                 Ok(render_one(t.res, 201, &out, shape))
             }
             Verb::Update => {
                 let name = t.name.as_deref().unwrap_or_default();
                 let obj = parse_body(&body)?;
                 check_type(desc, &obj)?;
-                let out = store.update_opts(
+                strict(desc, q, &obj)?;
+                let out = store.update_as(
                     t.res,
-                    &ns,
-                    name,
+                    (&ns, name),
                     endpoint,
                     &mut |_| Ok(obj.clone()),
                     dry_run(q)?,
+                    Manage::Update(&writer),
                 )?;
                 Ok(render_one(t.res, 200, &out, shape))
             }
             Verb::Patch => {
                 let name = t.name.as_deref().unwrap_or_default();
+                if crate::apply::is_apply(content_type) {
+                    return self.server_side_apply(t, q, endpoint, &body, shape);
+                }
                 let ty = PatchType::from_content_type(content_type)?;
-                let out = store.update_opts(
+                let out = store.update_as(
                     t.res,
-                    &ns,
-                    name,
+                    (&ns, name),
                     endpoint,
-                    &mut |cur| patch::apply(desc, cur, ty, &body),
+                    &mut |cur| {
+                        let out = patch::apply(desc, cur, ty, &body)?;
+                        strict(desc, q, &out)?;
+                        Ok(out)
+                    },
                     dry_run(q)?,
+                    Manage::Update(&writer),
                 )?;
                 Ok(render_one(t.res, 200, &out, shape))
             }
@@ -836,6 +852,65 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// `PATCH` with an apply patch: creates the object when absent, else merges into it.
+    fn server_side_apply(
+        &self,
+        t: &Target,
+        q: &Query,
+        endpoint: Endpoint,
+        body: &[u8],
+        shape: Shape,
+    ) -> Result<Response<Body>, ApiError> {
+        let desc = &RESOURCES[t.res];
+        let (ns, name) = (
+            t.ns.as_deref().unwrap_or_default(),
+            t.name.as_deref().unwrap_or_default(),
+        );
+        let manager = q
+            .get("fieldManager")
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| ApiError::bad_request("fieldManager is required for apply requests"))?;
+        let mut cfg = crate::apply::parse_config(desc, body)?;
+        strict(desc, q, &cfg)?;
+        match cfg.pointer("/metadata/name").and_then(Value::as_str) {
+            Some(n) if n != name => {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                )));
+            }
+            Some(_) => {}
+            None => {
+                if let Some(m) = cfg.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.insert("name".into(), json!(name));
+                }
+            }
+        }
+        let req = crate::apply::Apply {
+            manager,
+            force: q.flag("force"),
+            endpoint,
+        };
+        let dry = dry_run(q)?;
+        match self.store.get(t.res, ns, name) {
+            Err(e) if e.code == 404 && endpoint == Endpoint::Main => {
+                let obj = crate::apply::apply(desc, None, &cfg, &req)?;
+                let out = self.store.create_as(t.res, ns, obj, dry, Manage::Applied)?;
+                return Ok(render_one(t.res, 201, &out, shape));
+            }
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
+        let out = self.store.update_as(
+            t.res,
+            (ns, name),
+            endpoint,
+            &mut |cur| crate::apply::apply(desc, Some(cur), &cfg, &req),
+            dry,
+            Manage::Applied,
+        )?;
+        Ok(render_one(t.res, 200, &out, shape))
     }
 
     fn token_request(&self, ns: &str, name: &str, body: &[u8]) -> Result<Response<Body>, ApiError> {
@@ -1288,6 +1363,22 @@ fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
                 ))
             }
         })
+}
+
+/// `fieldValidation=Strict`: a field the kind's schema does not have is a 400, worded as
+/// kube-apiserver's strict decoding error. `Warn` and `Ignore` store the object as sent.
+fn strict(desc: &ResourceDesc, q: &Query, obj: &Value) -> Result<(), ApiError> {
+    if q.get("fieldValidation") != Some("Strict") {
+        return Ok(());
+    }
+    match crate::openapi::unknown_field(desc, obj) {
+        Some(f) => Err(ApiError::bad_request(format!(
+            "{k} in version {v:?} cannot be handled as a {k}: strict decoding error: unknown field {f:?}",
+            k = desc.kind,
+            v = desc.version
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn check_type(desc: &ResourceDesc, obj: &Value) -> Result<(), ApiError> {

@@ -167,6 +167,14 @@ impl ApiError {
         }
     }
 
+    /// 409 for server-side apply conflicts (`errors.NewApplyConflict`): causes, no name.
+    pub fn apply_conflict(message: String, causes: Vec<Value>) -> Self {
+        Self {
+            details: Some(json!({ "causes": causes })),
+            ..Self::new(409, "Conflict", message)
+        }
+    }
+
     /// 404 for a named object (`errors.NewNotFound`).
     pub fn not_found(desc: &ResourceDesc, name: &str) -> Self {
         Self {
@@ -356,7 +364,7 @@ impl ApiError {
         }
     }
 
-    /// 415 for a patch content type the server does not implement (server-side apply included).
+    /// 415 for a patch content type that is none of the four kube-apiserver accepts.
     pub fn unsupported_media_type(content_type: &str) -> Self {
         Self::new(
             415,
@@ -364,8 +372,8 @@ impl ApiError {
             format!(
                 "the body of the request was in an unknown format - accepted media types include: \
                  application/json-patch+json, application/merge-patch+json, \
-                 application/strategic-merge-patch+json (kube-sim does not implement server-side \
-                 apply; got {content_type:?})"
+                 application/apply-patch+yaml, application/strategic-merge-patch+json \
+                 (got {content_type:?})"
             ),
         )
     }

@@ -127,6 +127,25 @@ pub enum Endpoint {
     Status,
 }
 
+/// What a write does to `metadata.managedFields`.
+#[derive(Debug, Clone, Copy)]
+pub enum Manage<'a> {
+    /// An internal write: the stored entries stay as they are.
+    Keep,
+    /// A create, update or non-apply patch: an `Update` entry for this writer.
+    Update(&'a crate::managed::Writer),
+    /// Server-side apply: the caller computed the entries (`crate::apply`).
+    Applied,
+}
+
+impl Manage<'_> {
+    fn record(self, desc: &ResourceDesc, endpoint: Endpoint, old: Option<&Value>, new: &mut Value) {
+        if let Manage::Update(w) = self {
+            crate::managed::record_update(desc, endpoint, old, new, w);
+        }
+    }
+}
+
 /// The shared store.
 pub struct Store {
     inner: Mutex<Inner>,
@@ -284,8 +303,20 @@ impl Store {
         &self,
         res: usize,
         ns: &str,
+        obj: Value,
+        dry_run: bool,
+    ) -> Result<Arc<Value>, ApiError> {
+        self.create_as(res, ns, obj, dry_run, Manage::Keep)
+    }
+
+    /// [`Self::create_opts`] recording the writer in `managedFields` as `manage` says.
+    pub fn create_as(
+        &self,
+        res: usize,
+        ns: &str,
         mut obj: Value,
         dry_run: bool,
+        manage: Manage,
     ) -> Result<Arc<Value>, ApiError> {
         let desc = &RESOURCES[res];
         if !obj.is_object() {
@@ -340,7 +371,9 @@ impl Store {
         m.insert("creationTimestamp".into(), Value::String(now_rfc3339()));
         m.remove("deletionTimestamp");
         m.remove("deletionGracePeriodSeconds");
-        m.remove("managedFields");
+        if !matches!(manage, Manage::Applied) {
+            m.remove("managedFields");
+        }
         m.remove("resourceVersion");
         m.remove("selfLink");
         if desc.has_spec {
@@ -358,9 +391,11 @@ impl Store {
         let inner = &mut *g;
         if dry_run {
             kinds::prepare(&ctx, &mut obj, &mut inner.alloc.clone())?;
+            manage.record(desc, Endpoint::Main, None, &mut obj);
             return Ok(Arc::new(obj));
         }
         kinds::prepare(&ctx, &mut obj, &mut inner.alloc)?;
+        manage.record(desc, Endpoint::Main, None, &mut obj);
         inner.rv += 1;
         let rv = inner.rv;
         meta_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
@@ -457,6 +492,19 @@ impl Store {
         f: &mut dyn FnMut(&Value) -> Result<Value, ApiError>,
         dry_run: bool,
     ) -> Result<Arc<Value>, ApiError> {
+        self.update_as(res, (ns, name), endpoint, f, dry_run, Manage::Keep)
+    }
+
+    /// [`Self::update_opts`] recording the writer in `managedFields` as `manage` says.
+    pub fn update_as(
+        &self,
+        res: usize,
+        (ns, name): (&str, &str),
+        endpoint: Endpoint,
+        f: &mut dyn FnMut(&Value) -> Result<Value, ApiError>,
+        dry_run: bool,
+        manage: Manage,
+    ) -> Result<Arc<Value>, ApiError> {
         let desc = &RESOURCES[res];
         let key = (ns.to_string(), name.to_string());
         let mut g = self.inner.lock();
@@ -528,7 +576,16 @@ impl Store {
                     }
                 }
             }
-            m.remove("managedFields");
+            // A write that sets `managedFields` replaces them (as kubectl's upgrade from
+            // client-side apply does); one without them keeps the stored ones.
+            let explicit = matches!(manage, Manage::Update(_))
+                && m.get("managedFields").is_some_and(Value::is_array);
+            if !matches!(manage, Manage::Applied) && !explicit {
+                match om.get("managedFields") {
+                    Some(v) => m.insert("managedFields".into(), v.clone()),
+                    None => m.remove("managedFields"),
+                };
+            }
             m.remove("selfLink");
         }
         set_type_meta(&mut new, desc);
@@ -575,6 +632,7 @@ impl Store {
         let inner = &mut *g;
         if dry_run {
             kinds::prepare(&ctx, &mut new, &mut inner.alloc.clone())?;
+            manage.record(desc, endpoint, Some(&old), &mut new);
             return Ok(Arc::new(new));
         }
         kinds::prepare(&ctx, &mut new, &mut inner.alloc)?;
@@ -585,6 +643,7 @@ impl Store {
                 .unwrap_or(0);
             meta_mut(&mut new).insert("generation".into(), json!(gen_ + 1));
         }
+        manage.record(desc, endpoint, Some(&old), &mut new);
         if new == *old {
             // kube-apiserver skips no-op writes: same resourceVersion, no event.
             return Ok(old);

@@ -215,19 +215,29 @@ async fn patch_types() {
         other => panic!("unexpected {other:?}"),
     }
 
-    // Server-side apply is refused clearly.
-    match nodes
+    // Server-side apply through kube-rs: the manager owns what it applied.
+    let applied = nodes
         .patch(
             "p1",
             &PatchParams::apply("test"),
-            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "p1"}})),
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node",
+                                  "metadata": {"name": "p1", "labels": {"ssa": "yes"}}})),
         )
         .await
-        .unwrap_err()
-    {
-        kube::Error::Api(s) => assert_eq!(s.code, 415),
-        other => panic!("unexpected {other:?}"),
-    }
+        .unwrap();
+    assert_eq!(applied.metadata.labels.unwrap()["ssa"], "yes");
+    let entry = applied
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .find(|e| e.manager.as_deref() == Some("test"))
+        .expect("the apply's managedFields entry");
+    assert_eq!(entry.operation.as_deref(), Some("Apply"));
+    assert_eq!(
+        entry.fields_v1.map(|f| f.0),
+        Some(json!({"f:metadata": {"f:labels": {"f:ssa": {}}}}))
+    );
 
     // A no-op patch keeps the resourceVersion.
     let before = nodes.get("p1").await.unwrap().metadata.resource_version;

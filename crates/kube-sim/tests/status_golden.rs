@@ -231,8 +231,8 @@ async fn golden_status_bodies() {
         "metadata: {}",
     )
     .await;
-    assert_eq!(r.code, 415);
-    insta::assert_json_snapshot!("server_side_apply_refused", r.json());
+    assert_eq!(r.code, 400);
+    insta::assert_json_snapshot!("apply_requires_field_manager", r.json());
 
     let r = raw(
         &sim,
