@@ -57,6 +57,12 @@ fn kind_schema(g: &mut SchemaGenerator, d: &ResourceDesc) -> Option<String> {
         ("admissionregistration.k8s.io", "ValidatingWebhookConfiguration") => {
             register::<admission::ValidatingWebhookConfiguration>(g)
         }
+        ("flowcontrol.apiserver.k8s.io", "FlowSchema") => {
+            register::<k8s_openapi::api::flowcontrol::v1::FlowSchema>(g)
+        }
+        ("flowcontrol.apiserver.k8s.io", "PriorityLevelConfiguration") => {
+            register::<k8s_openapi::api::flowcontrol::v1::PriorityLevelConfiguration>(g)
+        }
         _ => return None,
     })
 }
