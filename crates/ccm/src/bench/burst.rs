@@ -7,11 +7,11 @@ use futures::StreamExt;
 
 use super::BenchOptions;
 use super::env::Env;
-use super::report::{ScenarioResult, percentiles};
+use super::report::{Registrations, ScenarioResult, percentiles};
 use super::track::{
     Tracker, api_stats, both_latencies, initialized, register_nodes, routed, spinner,
 };
-use crate::cluster::wait_until;
+use crate::cluster::{SimCluster, wait_until};
 
 pub(super) async fn burst(
     opts: &BenchOptions,
@@ -19,10 +19,12 @@ pub(super) async fn burst(
 ) -> anyhow::Result<ScenarioResult> {
     let pb = spinner(&format!("burst: {} nodes register at once", opts.nodes));
     let started = Instant::now();
+    let baseline = no_ccm_registrations(opts, opts.nodes).await?;
     let env = Env::start(opts, opts.fault_rate, &[]).await?;
     let r = burst_on(&env, opts, opts.nodes, timeline).await;
     env.stop().await;
     let mut r = r?;
+    r.set_baseline(baseline);
     r.wall_seconds = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
     Ok(r)
@@ -84,6 +86,7 @@ pub(super) async fn burst_on(
             .zip(last_registered)
             .map(|(d, r)| d.saturating_duration_since(r).as_secs_f64()),
         registration_seconds: last_registered.map(|l| l.duration_since(t0).as_secs_f64()),
+        registration_latency: Some(registrations(t0, &registered).latency),
         all_routes_seconds: routes_at,
         ..Default::default()
     };
@@ -101,10 +104,12 @@ pub(super) async fn scale(opts: &BenchOptions) -> anyhow::Result<ScenarioResult>
         opts.scale_nodes, opts.scale_services
     ));
     let started = Instant::now();
+    let baseline = no_ccm_registrations(opts, opts.scale_nodes).await?;
     let env = Env::start(opts, opts.fault_rate, &[]).await?;
     let r = scale_on(&env, opts).await;
     env.stop().await;
     let mut r = r?;
+    r.set_baseline(baseline);
     r.wall_seconds = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
     Ok(r)
@@ -147,4 +152,44 @@ pub(super) async fn scale_on(env: &Env, opts: &BenchOptions) -> anyhow::Result<S
     r.usage = env.usage();
     r.cpu_seconds_per_1000_nodes = Some(burst_cpu * 1000.0 / f64::from(opts.scale_nodes));
     Ok(r)
+}
+
+/// With `--no-ccm`: the same kubelets register the same nodes on a fresh kube-sim with the
+/// same cost model and the bench's own node watches, and no CCM at all. `None` without
+/// `--no-ccm` or against another API server (which could not be started fresh).
+async fn no_ccm_registrations(
+    opts: &BenchOptions,
+    nodes: u32,
+) -> anyhow::Result<Option<Registrations>> {
+    if !opts.no_ccm || opts.kubeconfig.is_some() {
+        return Ok(None);
+    }
+    let pb = spinner(&format!("{nodes} nodes register with no CCM (baseline)"));
+    let cluster = SimCluster::start(super::env::sim_cloud(opts, 0.0)?).await?;
+    if let Some(kube) = &cluster.kube {
+        kube.set_cost_model(opts.cost.model().cpu_scaled(opts.api_cost_scale));
+    }
+    let client = cluster.user_client();
+    let (_init, _net) = (
+        Tracker::nodes(client.clone(), initialized),
+        Tracker::nodes(client, routed),
+    );
+    let t0 = Instant::now();
+    let registered = register_nodes(&cluster, 0..nodes, opts.kubelets).await?;
+    pb.finish_and_clear();
+    Ok(Some(registrations(t0, &registered)))
+}
+
+/// The registrations' span from `t0` and each kubelet's POST + PATCH latency.
+fn registrations(t0: Instant, registered: &HashMap<String, (Instant, Instant)>) -> Registrations {
+    let last = registered.values().map(|(_, end)| *end).max();
+    Registrations {
+        seconds: last.map_or(0.0, |l| l.duration_since(t0).as_secs_f64()),
+        latency: percentiles(
+            registered
+                .values()
+                .map(|(start, end)| end.duration_since(*start).as_secs_f64())
+                .collect(),
+        ),
+    }
 }

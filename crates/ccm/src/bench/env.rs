@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use ccm_manager::client::USER_AGENT_BASE;
 use ccm_manager::scrape::Scraper;
 use ccm_provider_sim::{SimCloud, SimServer};
 use tokio::process::{Child, Command};
@@ -23,6 +24,54 @@ pub(super) struct Env {
     pub(super) child: Child,
     pub(super) pid: u32,
     pub(super) http: Scraper,
+    launch: Launch,
+}
+
+/// How the CCM under test is started (again, after a kill).
+struct Launch {
+    bin: PathBuf,
+    args: Vec<String>,
+    log_path: PathBuf,
+    addr: SocketAddr,
+    cert_dir: PathBuf,
+    token: Option<String>,
+}
+
+impl Launch {
+    /// Starts the CCM; its log is appended to `log_path`.
+    fn spawn(&self) -> anyhow::Result<(Child, u32)> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .with_context(|| format!("--ccm-log {}", self.log_path.display()))?;
+        let child = Command::new(&self.bin)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", self.bin.display()))?;
+        let pid = child.id().context("child pid")?;
+        Ok((child, pid))
+    }
+
+    /// Waits up to 60 s for the CCM's /readyz; a client for its secure port.
+    async fn ready(&self) -> anyhow::Result<Scraper> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if let Ok(s) = Scraper::for_cert_dir(self.addr, &self.cert_dir, self.token.clone())
+                && matches!(s.get("/readyz").await, Ok((200, _)))
+            {
+                return Ok(s);
+            }
+        }
+        anyhow::bail!(
+            "the CCM under test did not become ready within 60s (log: {})",
+            self.log_path.display()
+        )
+    }
 }
 
 /// The bearer token of the kubeconfig's current user, to scrape the CCM's /metrics with (the
@@ -96,6 +145,12 @@ impl Env {
         };
         if let Some(kube) = &cluster.kube {
             kube.set_cost_model(opts.cost.model().cpu_scaled(opts.api_cost_scale));
+            if opts.api_429_rate > 0.0 {
+                let faults = kube.faults();
+                faults.set_client_prefix(Some(USER_AGENT_BASE.to_string()));
+                faults.set_retry_after(opts.api_retry_after);
+                faults.set_429_rate(None, opts.api_429_rate);
+            }
         }
         let server = SimServer::start(cloud, SocketAddr::from(([127, 0, 0, 1], 0))).await?;
         let dir = cluster
@@ -111,62 +166,61 @@ impl Env {
                 server.endpoint()
             ),
         )?;
-        let port = free_port()?;
-        let cert_dir = dir.join(format!("bench-certs-{}", rand::random::<u32>()));
         let bin = match &opts.ccm_bin {
             Some(b) => b.clone(),
             None => ccm_under_test()?,
         };
-        let log_path = opts.ccm_log.clone().unwrap_or_else(|| dir.join("ccm.log"));
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .with_context(|| format!("--ccm-log {}", log_path.display()))?;
-        let mut cmd = Command::new(&bin);
-        cmd.arg("run")
-            .arg("--cloud-provider=sim")
-            .arg(format!("--cloud-config={}", cloud_config.display()))
-            .arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
-            .arg(format!("--cluster-cidr={CLUSTER_CIDR}"))
-            .arg("--bind-address=127.0.0.1")
-            .arg(format!("--secure-port={port}"))
-            .arg(format!("--cert-dir={}", cert_dir.display()))
-            .arg("-v=1")
-            .args(&opts.ccm_args)
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let pid = child.id().context("child pid")?;
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let token = bearer_token(&cluster.kubeconfig);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut http = None;
-        let mut ready = false;
-        while !ready && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            if let Ok(s) = Scraper::for_cert_dir(addr, &cert_dir, token.clone()) {
-                ready = matches!(s.get("/readyz").await, Ok((200, _)));
-                http = Some(s);
-            }
-        }
-        let (true, Some(http)) = (ready, http) else {
-            anyhow::bail!(
-                "the CCM under test did not become ready within 60s (log: {})",
-                log_path.display()
-            );
+        let port = free_port()?;
+        let cert_dir = dir.join(format!("bench-certs-{}", rand::random::<u32>()));
+        let mut args = vec![
+            "run".to_string(),
+            "--cloud-provider=sim".to_string(),
+            format!("--cloud-config={}", cloud_config.display()),
+            format!("--kubeconfig={}", cluster.kubeconfig.display()),
+            format!("--cluster-cidr={CLUSTER_CIDR}"),
+            "--bind-address=127.0.0.1".to_string(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", cert_dir.display()),
+            "-v=1".to_string(),
+        ];
+        args.extend(opts.kube_api_qps.map(|q| format!("--kube-api-qps={q}")));
+        args.extend(opts.kube_api_burst.map(|b| format!("--kube-api-burst={b}")));
+        args.extend(opts.ccm_args.iter().cloned());
+        args.extend(extra.iter().cloned());
+        let launch = Launch {
+            bin,
+            args,
+            log_path: opts.ccm_log.clone().unwrap_or_else(|| dir.join("ccm.log")),
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            cert_dir,
+            token: bearer_token(&cluster.kubeconfig),
         };
+        let (child, pid) = launch.spawn()?;
+        let http = launch.ready().await?;
         Ok(Env {
             cluster,
             server,
             child,
             pid,
             http,
+            launch,
         })
+    }
+
+    /// Kills the CCM under test with SIGKILL (no shutdown of any kind: its lease stays held
+    /// until it expires) and starts a new one with the same flags, ready when this returns.
+    pub(super) async fn kill_and_restart(&mut self) -> anyhow::Result<()> {
+        self.child
+            .start_kill()
+            .context("SIGKILL to the CCM under test")?;
+        self.child
+            .wait()
+            .await
+            .context("reaping the CCM under test")?;
+        let (child, pid) = self.launch.spawn()?;
+        (self.child, self.pid) = (child, pid);
+        self.http = self.launch.ready().await?;
+        Ok(())
     }
 
     pub(super) fn usage(&self) -> Usage {

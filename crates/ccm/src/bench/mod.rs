@@ -7,6 +7,7 @@
 //! Numbers are measured, never asserted: see docs/BENCHMARKS.md.
 
 mod burst;
+mod chaos;
 mod churn;
 mod env;
 mod idle;
@@ -41,6 +42,9 @@ pub enum Scenario {
     Memory,
     /// One node at a time joins a quiet cluster: time to routed and initialized.
     Join,
+    /// Faults one after another (`--chaos-fault`) while nodes and Services come and go: the
+    /// time to reconverge after each and the invariants (not run unless named).
+    Chaos,
     /// A burst of `--scale-nodes` nodes, then `--scale-services` Services (1 in 50 of them
     /// LoadBalancer): how time, requests and memory grow with the cluster.
     Scale,
@@ -143,6 +147,40 @@ pub struct BenchOptions {
     /// Give up on a convergence wait after this long.
     #[arg(long, default_value = "600s")]
     pub timeout: GoDuration,
+    /// Burst and scale also register their nodes with no CCM running (a fresh kube-sim, same
+    /// cost model, same kubelets and watches) and report the kubelets' registrations side by
+    /// side: what the CCM costs the other clients of the API server.
+    #[arg(long)]
+    pub no_ccm: bool,
+    /// `--kube-api-qps` for the CCM under test (its own default when unset).
+    #[arg(long)]
+    pub kube_api_qps: Option<f64>,
+    /// `--kube-api-burst` for the CCM under test (its own default when unset).
+    #[arg(long)]
+    pub kube_api_burst: Option<u32>,
+    /// Fraction (0–1) of the CCM's API requests kube-sim answers 429 TooManyRequests with
+    /// Retry-After (the kubelets and the bench's own clients are spared): API-server pushback.
+    #[arg(long, default_value_t = 0.0)]
+    pub api_429_rate: f64,
+    /// Seconds of Retry-After sent with those 429s.
+    #[arg(long, default_value_t = 1)]
+    pub api_retry_after: u32,
+    /// Faults of the chaos scenario, in order (repeatable; default: all).
+    #[arg(long = "chaos-fault", value_enum)]
+    pub chaos_faults: Vec<chaos::Fault>,
+    /// Nodes registered before the chaos faults (and in the api-restart burst).
+    #[arg(long, default_value_t = 200)]
+    pub chaos_nodes: u32,
+    /// LoadBalancer Services created before the chaos faults.
+    #[arg(long, default_value_t = 20)]
+    pub chaos_services: u32,
+    /// How long each chaos fault lasts, with churn at `--churn-rate` (an API-server restart
+    /// answers 503 for at most 5 s of it).
+    #[arg(long, default_value = "20s")]
+    pub chaos_duration: GoDuration,
+    /// SIGKILLs of the CCM, at random moments of the ccm-kill fault's window.
+    #[arg(long, default_value_t = 3)]
+    pub chaos_kills: u32,
     /// Run against this API server instead of an in-process kube-sim (no request accounting).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -204,6 +242,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<std::process::ExitCode> {
                 Scenario::Memory => memory::memory(&opts).await,
                 Scenario::Join => join::join(&opts).await,
                 Scenario::Scale => burst::scale(&opts).await,
+                Scenario::Chaos => chaos::chaos(&opts).await,
             }
             .with_context(|| format!("scenario {s:?} ({cost:?} API)"))?;
             r.api_cost = opts.kubeconfig.is_none().then_some(cost);

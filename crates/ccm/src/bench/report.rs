@@ -63,6 +63,15 @@ pub struct ScenarioResult {
     /// Seconds from the first kubelet's POST to the last kubelet's status PATCH returning
     /// (burst): what the API server's write path costs, whatever the CCM does.
     pub registration_seconds: Option<f64>,
+    /// Per kubelet: its Node POST + status PATCH, seconds, as the kubelet saw them (burst).
+    pub registration_latency: Option<Percentiles>,
+    /// The same registrations with no CCM running (`--no-ccm`): the baseline.
+    pub no_ccm: Option<Registrations>,
+    /// `registration_seconds` over the no-CCM run's, minus 1: how much slower the kubelets
+    /// registered beside the CCM (0.1 = 10% slower).
+    pub registration_slowdown: Option<f64>,
+    /// CCM requests kube-sim answered 429 (`--api-429-rate`): each one retried or dropped.
+    pub api_429_answers: Option<u64>,
     /// Seconds until every node had its routes (burst).
     pub all_routes_seconds: Option<f64>,
     /// Per-node time from creation to `NetworkUnavailable=False` (routed).
@@ -104,10 +113,46 @@ pub struct ScenarioResult {
     pub leaked_routes: Option<usize>,
     /// Churn: changes made.
     pub churn_operations: Option<u64>,
+    /// Chaos: one row per fault.
+    pub chaos: Vec<ChaosResult>,
     /// CCM child resource use.
     pub usage: Usage,
     /// Wall time of the scenario.
     pub wall_seconds: f64,
+}
+
+impl ScenarioResult {
+    /// Records the no-CCM baseline and how much slower the registrations were beside the CCM.
+    pub(super) fn set_baseline(&mut self, baseline: Option<Registrations>) {
+        self.registration_slowdown = baseline
+            .zip(self.registration_seconds)
+            .filter(|(b, _)| b.seconds > 0.0)
+            .map(|(b, with)| with / b.seconds - 1.0);
+        self.no_ccm = baseline;
+    }
+}
+
+/// The kubelets' registrations of a burst, as they saw them.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Registrations {
+    /// Seconds from the first kubelet's POST to the last status PATCH returning.
+    pub seconds: f64,
+    /// Per kubelet: its Node POST + status PATCH, seconds.
+    pub latency: Percentiles,
+}
+
+/// Chaos: one fault, what it took to recover and whether the invariants held.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChaosResult {
+    /// Which fault.
+    pub fault: String,
+    /// Changes made (nodes and Services added and removed) while it lasted.
+    pub operations: u64,
+    /// Seconds from the fault's end until every invariant held (null: they did not within
+    /// `--timeout`).
+    pub reconverge_seconds: Option<f64>,
+    /// Invariants broken at the end (empty: all held).
+    pub violations: Vec<String>,
 }
 
 /// Idle scenario numbers for one route mode.
@@ -189,6 +234,7 @@ pub(super) fn print_table(results: &[ScenarioResult]) {
                 f(r.registration_seconds)
             );
         }
+        print_registrations(r);
         if r.all_routes_seconds.is_some() {
             println!("  all routes              {}s", f(r.all_routes_seconds));
         }
@@ -241,6 +287,7 @@ pub(super) fn print_table(results: &[ScenarioResult]) {
                     .unwrap_or_default()
             );
         }
+        print_chaos(&r.chaos);
         if let Some(lag) = r.churn_convergence_lag_seconds {
             println!(
                 "  churn {} ops; converged {:.2}s after; leaked LBs {}, missing LBs {}, leaked routes {}",
@@ -270,6 +317,57 @@ pub(super) fn print_table(results: &[ScenarioResult]) {
             r.cpu_seconds_per_1000_nodes
                 .map(|c| format!(" ({c:.2}s per 1,000 nodes)"))
                 .unwrap_or_default()
+        );
+    }
+}
+
+/// The kubelets' side of a burst: per-registration latency, the no-CCM baseline, 429s.
+fn print_registrations(r: &ScenarioResult) {
+    if let Some(p) = r.registration_latency {
+        println!(
+            "  per registration        p50 {:.3}s  p99 {:.3}s  max {:.3}s (POST + status PATCH, as the kubelet saw it)",
+            p.p50, p.p99, p.max
+        );
+    }
+    if let Some(b) = r.no_ccm {
+        println!(
+            "  with no CCM             {:.2}s; per registration p50 {:.3}s  p99 {:.3}s  max {:.3}s",
+            b.seconds, b.latency.p50, b.latency.p99, b.latency.max
+        );
+    }
+    if let Some(s) = r.registration_slowdown {
+        println!(
+            "  registrations beside the CCM took {:+.1}% of the no-CCM run's time",
+            s * 100.0
+        );
+    }
+    if let Some(n) = r.api_429_answers {
+        println!("  429 answers to the CCM  {n} (each a request it had to retry)");
+    }
+}
+
+/// One row per chaos fault.
+fn print_chaos(rows: &[ChaosResult]) {
+    if rows.is_empty() {
+        return;
+    }
+    println!(
+        "  {:<16} {:>6} {:>14}  invariants",
+        "fault", "ops", "reconverged"
+    );
+    for c in rows {
+        println!(
+            "  {:<16} {:>6} {:>14}  {}",
+            c.fault,
+            c.operations,
+            c.reconverge_seconds
+                .map(|s| format!("{s:.2}s"))
+                .unwrap_or_else(|| "never".into()),
+            if c.violations.is_empty() {
+                "all held".to_string()
+            } else {
+                c.violations.join("; ")
+            }
         );
     }
 }

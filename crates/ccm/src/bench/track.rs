@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use ccm_controllers::nodeutil::{
     ConditionStatus, TAINT_UNINITIALIZED, condition_status, has_taint,
 };
+use ccm_manager::client::USER_AGENT_BASE;
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -187,6 +188,12 @@ pub(super) fn api_stats(env: &Env, nodes: u32, r: &mut ScenarioResult) {
         r.api_requests_per_node = per_node_by_verb(&r.api_requests, nodes);
     }
     r.cloud_calls = env.cloud_calls();
+    r.api_429_answers = env
+        .cluster
+        .kube
+        .as_ref()
+        .map(|k| k.count_requests(|k| k.client.starts_with(USER_AGENT_BASE) && k.code == 429))
+        .filter(|n| *n > 0);
 }
 
 /// `"verb resource" → count` folded to `verb → count per node`, leader-election leases left
