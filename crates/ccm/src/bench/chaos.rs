@@ -292,7 +292,8 @@ async fn delete_service(env: &Env, world: &mut World) {
     }
 }
 
-/// Terminates a node's instance (keeping at least two): its Node is the CCM's to delete.
+/// Terminates a node's instance (keeping at least two) and marks the Node's Ready Unknown: the
+/// Node is the CCM's to delete.
 async fn terminate_node(env: &Env, world: &mut World) -> anyhow::Result<()> {
     if world.nodes.len() <= 2 {
         return Ok(());
@@ -301,12 +302,8 @@ async fn terminate_node(env: &Env, world: &mut World) -> anyhow::Result<()> {
     let Some(&i) = world.nodes.iter().nth(pick) else {
         return Ok(());
     };
-    let id = env
-        .cluster
-        .cloud
-        .instance_id(&node_name(i))
-        .ok_or_else(|| anyhow::anyhow!("no instance for {}", node_name(i)))?;
-    env.cluster.cloud.terminate_instance(&id)?;
+    // Its kubelet is gone with it: Ready turns Unknown, as kube-controller-manager marks it.
+    env.cluster.terminate_node(&node_name(i)).await?;
     world.nodes.remove(&i);
     world.gone.insert(i);
     Ok(())
