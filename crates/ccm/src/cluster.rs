@@ -160,6 +160,55 @@ impl SimCluster {
         let name = format!("node-{i:05}");
         self.cloud.add_instance(InstanceSpec::new(name.clone()));
         let nodes: Api<Node> = Api::all(self.kubelet.clone());
+        let node = Self::node_object(&name, i, kubelet)?;
+        nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .with_context(|| format!("kubelet: registering node {name}"))?;
+        if kubelet == Kubelet::NoNetwork {
+            self.set_condition(
+                &name,
+                "False",
+                "KubeletNotReady",
+                "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized",
+            )
+            .await?;
+        } else {
+            self.set_ready(&name, true).await?;
+        }
+        Ok(name)
+    }
+
+    /// A kubelet that keeps trying through API-server faults, as a real one does: the instance
+    /// is created once, then the Node POST and the status PATCH are each retried (every
+    /// 200 ms, for up to `give_up`) until accepted.
+    pub async fn add_node_persistent(&self, i: u32, give_up: Duration) -> anyhow::Result<String> {
+        let name = format!("node-{i:05}");
+        self.cloud.add_instance(InstanceSpec::new(name.clone()));
+        let nodes: Api<Node> = Api::all(self.kubelet.clone());
+        let node = Self::node_object(&name, i, Kubelet::External)?;
+        let deadline = tokio::time::Instant::now() + give_up;
+        loop {
+            match nodes.create(&PostParams::default(), &node).await {
+                Ok(_) => break,
+                Err(kube::Error::Api(s)) if s.code == 409 => break,
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(e).with_context(|| format!("kubelet: registering node {name}"));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        while let Err(e) = self.set_ready(&name, true).await {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(e);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(name)
+    }
+
+    /// The Node a kubelet registers as node `i`.
+    fn node_object(name: &str, i: u32, kubelet: Kubelet) -> anyhow::Result<Node> {
         let taints = match kubelet {
             Kubelet::NotExternal => json!([]),
             Kubelet::External => {
@@ -188,22 +237,7 @@ impl SimCluster {
                 "taints": taints,
             },
         }))?;
-        nodes
-            .create(&PostParams::default(), &node)
-            .await
-            .with_context(|| format!("kubelet: registering node {name}"))?;
-        if kubelet == Kubelet::NoNetwork {
-            self.set_condition(
-                &name,
-                "False",
-                "KubeletNotReady",
-                "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized",
-            )
-            .await?;
-        } else {
-            self.set_ready(&name, true).await?;
-        }
-        Ok(name)
+        Ok(node)
     }
 
     /// The kubelet's status update: Ready True/Unknown, plus its Hostname address.

@@ -44,7 +44,7 @@ enum Command {
     Demo(demo::DemoOptions),
     /// Scale benchmark: the CCM under test runs as a child process against kube-sim and the
     /// sim cloud; prints a table, optionally JSON and SVG charts.
-    Bench(bench::BenchOptions),
+    Bench(Box<bench::BenchOptions>),
     /// Serve the in-memory Kubernetes API server until Ctrl-C (for kubectl and tests).
     KubeSim(ccm_kube_sim::CliOptions),
     /// Print the manifests that deploy ccm-rs (the Helm chart's objects): ServiceAccounts,
@@ -95,7 +95,7 @@ fn main() -> ExitCode {
             }
             Some(Command::Bench(opts)) => {
                 logging::quiet();
-                bench::run(opts).await
+                bench::run(*opts).await
             }
             Some(Command::Manifests(opts)) => manifests::run(&opts).map(|()| ExitCode::SUCCESS),
             Some(Command::Doctor(opts)) => {

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 
@@ -21,6 +21,12 @@ pub(crate) struct FaultConfig {
     pub retry_after: u32,
     /// (verb, resource, subresource) → how many more such requests get 409 Conflict.
     pub conflicts: HashMap<(Verb, String, String), u32>,
+    /// 429s and 500s go only to clients whose User-Agent starts with this (all when `None`).
+    pub client_prefix: Option<String>,
+    /// Until then every request is answered 503: the server is restarting.
+    pub down_until: Option<Instant>,
+    /// Share of watch events after which the watch is closed instead of delivering them.
+    pub watch_drop_rate: f64,
 }
 
 impl FaultConfig {
@@ -31,8 +37,19 @@ impl FaultConfig {
             .unwrap_or(0.0)
     }
 
-    /// Decides this request's fate: `Some(429|500)` to fail it.
-    pub fn roll(&self, verb: Verb) -> Option<u16> {
+    /// Decides the fate of a request of `client` (its User-Agent): `Some(429|500|503)` to
+    /// fail it.
+    pub fn roll(&self, verb: Verb, client: &str) -> Option<u16> {
+        if self.down_until.is_some_and(|t| Instant::now() < t) {
+            return Some(503);
+        }
+        if self
+            .client_prefix
+            .as_deref()
+            .is_some_and(|p| !client.starts_with(p))
+        {
+            return None;
+        }
         let p429 = Self::rate(&self.rate_429, verb);
         let p500 = Self::rate(&self.rate_500, verb);
         if p429 <= 0.0 && p500 <= 0.0 {
@@ -50,6 +67,12 @@ impl FaultConfig {
 }
 
 impl FaultConfig {
+    /// Whether a watch drops this event (and closes, as kube-apiserver closes a watcher it
+    /// cannot deliver to; the client resumes from the last resourceVersion it saw).
+    pub fn drop_watch_event(&self) -> bool {
+        self.watch_drop_rate > 0.0 && rand::random::<f64>() < self.watch_drop_rate
+    }
+
     /// Whether this request is one of the next ones scheduled to conflict (and counts it).
     pub fn take_conflict(&mut self, verb: Verb, resource: &str, subresource: &str) -> bool {
         let key = (verb, resource.to_string(), subresource.to_string());
@@ -101,6 +124,30 @@ impl Faults {
     /// Seconds sent in `Retry-After` with injected 429s (default 1).
     pub fn set_retry_after(&self, secs: u32) {
         self.cfg.write().retry_after = secs;
+    }
+
+    /// Sends the 429s and 500s of [`Self::set_429_rate`] and [`Self::set_500_rate`] only to
+    /// clients whose User-Agent starts with `prefix` (`None`: every client), so a benchmark
+    /// can throttle the component under test and not the load it drives.
+    pub fn set_client_prefix(&self, prefix: Option<String>) {
+        self.cfg.write().client_prefix = prefix;
+    }
+
+    /// Closes a watch instead of delivering an event, for a fraction `p` of events: what
+    /// kube-apiserver does to a watcher that cannot keep up. Nothing is lost for a client that
+    /// resumes from its last resourceVersion (or relists on 410).
+    pub fn set_watch_drop_rate(&self, p: f64) {
+        self.cfg.write().watch_drop_rate = p.clamp(0.0, 1.0);
+    }
+
+    /// A restart of the API server with its storage kept: watches are cut, every retained
+    /// event is forgotten (resumed watches get 410 Expired and relist), and every request is
+    /// answered 503 ServiceUnavailable for `down`. Connections are not refused: the listener
+    /// stays up, as a load balancer in front of the API server would.
+    pub fn restart(&self, down: Duration) {
+        self.cfg.write().down_until = Some(Instant::now() + down);
+        self.store.compact();
+        self.disconnect_watches();
     }
 
     /// Removes every injected error and latency.

@@ -522,7 +522,7 @@ impl Shared {
 
         let (latency, fate, retry_after) = {
             let f = self.faults.read();
-            (f.latency, f.roll(verb), f.retry_after.max(1))
+            (f.latency, f.roll(verb, &client), f.retry_after.max(1))
         };
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
@@ -538,6 +538,7 @@ impl Shared {
                 target.name.as_deref().unwrap_or_default(),
             )),
             Some(429) => error_resp(&ApiError::too_many_requests(retry_after)),
+            Some(503) => error_resp(&ApiError::unavailable()),
             Some(_) => error_resp(&ApiError::internal("injected fault")),
             None => {
                 let body = if matches!(
@@ -1213,6 +1214,7 @@ async fn run_watch(
             }
             r = rx.recv() => {
                 let ev = match r {
+                    Ok(_) if shared.faults.read().drop_watch_event() => break,
                     Ok(ev) => ev,
                     // A watcher that fell behind is dropped, as kube-apiserver drops slow
                     // watchers; the client re-watches from its last resourceVersion.

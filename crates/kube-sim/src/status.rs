@@ -282,6 +282,15 @@ impl ApiError {
         }
     }
 
+    /// 503 while the server restarts (an injected fault).
+    pub fn unavailable() -> Self {
+        Self::new(
+            503,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request",
+        )
+    }
+
     /// 410 for a resourceVersion older than the retained window.
     pub fn expired(requested: u64, oldest: u64) -> Self {
         Self::new(

@@ -1,0 +1,271 @@
+//! The shared driver: kube-sim (or another API server) and the sim cloud in this process, the
+//! CCM under test as a child process, its /proc usage and /metrics.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use ccm_manager::client::USER_AGENT_BASE;
+use ccm_manager::scrape::Scraper;
+use ccm_provider_sim::{SimCloud, SimServer};
+use tokio::process::{Child, Command};
+
+use super::BenchOptions;
+use super::report::Usage;
+use crate::cluster::{CLUSTER_CIDR, SimCluster};
+
+/// The CCM under test, as a child process, with the sim cloud served to it.
+pub(super) struct Env {
+    pub(super) cluster: SimCluster,
+    pub(super) server: SimServer,
+    pub(super) child: Child,
+    pub(super) pid: u32,
+    pub(super) http: Scraper,
+    launch: Launch,
+}
+
+/// How the CCM under test is started (again, after a kill).
+struct Launch {
+    bin: PathBuf,
+    args: Vec<String>,
+    log_path: PathBuf,
+    addr: SocketAddr,
+    cert_dir: PathBuf,
+    token: Option<String>,
+}
+
+impl Launch {
+    /// Starts the CCM; its log is appended to `log_path`.
+    fn spawn(&self) -> anyhow::Result<(Child, u32)> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .with_context(|| format!("--ccm-log {}", self.log_path.display()))?;
+        let child = Command::new(&self.bin)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", self.bin.display()))?;
+        let pid = child.id().context("child pid")?;
+        Ok((child, pid))
+    }
+
+    /// Waits up to 60 s for the CCM's /readyz; a client for its secure port.
+    async fn ready(&self) -> anyhow::Result<Scraper> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if let Ok(s) = Scraper::for_cert_dir(self.addr, &self.cert_dir, self.token.clone())
+                && matches!(s.get("/readyz").await, Ok((200, _)))
+            {
+                return Ok(s);
+            }
+        }
+        anyhow::bail!(
+            "the CCM under test did not become ready within 60s (log: {})",
+            self.log_path.display()
+        )
+    }
+}
+
+/// The bearer token of the kubeconfig's current user, to scrape the CCM's /metrics with (the
+/// CCM confirms it with a TokenReview; kube-sim's admin is in system:masters).
+pub(super) fn bearer_token(kubeconfig: &Path) -> Option<String> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).ok()?;
+    let ctx_name = kc.current_context.clone()?;
+    let ctx = kc
+        .contexts
+        .iter()
+        .find(|c| c.name == ctx_name)?
+        .context
+        .clone()?;
+    let user = kc
+        .auth_infos
+        .iter()
+        .find(|a| a.name == ctx.user.clone().unwrap_or_default())?;
+    // kube keeps tokens in a SecretString; its serializer writes the value back out.
+    let info = serde_json::to_value(user.auth_info.as_ref()?).ok()?;
+    info.get("token")?.as_str().map(String::from)
+}
+
+/// A `kB` field of /proc/<pid>/status, in kB (0 when absent).
+pub(super) fn status_kb(status: &str, field: &str) -> f64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The binary an operator runs: `ccm-controller-manager` beside this one (the image's binary:
+/// the CCM without the tools, so its code pages are what production maps). A `cargo run` of
+/// `ccm` alone may not have built it; then this binary's `ccm run` is measured, with a warning,
+/// because its resident set includes the tools' code.
+pub(super) fn ccm_under_test() -> anyhow::Result<PathBuf> {
+    let me = std::env::current_exe().context("locating the ccm binary")?;
+    let slim = me.with_file_name("ccm-controller-manager");
+    if slim.is_file() {
+        return Ok(slim);
+    }
+    eprintln!(
+        "bench: {} not found (build it: cargo build --release -p ccm); measuring `{} run`, \
+         whose RSS includes the code of the tools",
+        slim.display(),
+        me.display()
+    );
+    Ok(me)
+}
+
+pub(super) fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+pub(super) fn sim_cloud(opts: &BenchOptions, fault_rate: f64) -> anyhow::Result<SimCloud> {
+    crate::cluster::sim_cloud(7, opts.cloud_latency.0, 10, fault_rate)
+}
+
+impl Env {
+    pub(super) async fn start(
+        opts: &BenchOptions,
+        fault_rate: f64,
+        extra: &[String],
+    ) -> anyhow::Result<Env> {
+        let cloud = sim_cloud(opts, fault_rate)?;
+        let cluster = match &opts.kubeconfig {
+            Some(path) => SimCluster::connect(path, cloud.clone()).await?,
+            None => SimCluster::start(cloud.clone()).await?,
+        };
+        if let Some(kube) = &cluster.kube {
+            kube.set_cost_model(opts.cost.model().cpu_scaled(opts.api_cost_scale));
+            if opts.api_429_rate > 0.0 {
+                let faults = kube.faults();
+                faults.set_client_prefix(Some(USER_AGENT_BASE.to_string()));
+                faults.set_retry_after(opts.api_retry_after);
+                faults.set_429_rate(None, opts.api_429_rate);
+            }
+        }
+        let server = SimServer::start(cloud, SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+        let dir = cluster
+            .kubeconfig
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(std::env::temp_dir);
+        let cloud_config = dir.join(format!("bench-cloud-{}.toml", rand::random::<u32>()));
+        std::fs::write(
+            &cloud_config,
+            format!(
+                "endpoint = \"{}\"\nactor = \"ccm-under-test\"\n",
+                server.endpoint()
+            ),
+        )?;
+        let bin = match &opts.ccm_bin {
+            Some(b) => b.clone(),
+            None => ccm_under_test()?,
+        };
+        let port = free_port()?;
+        let cert_dir = dir.join(format!("bench-certs-{}", rand::random::<u32>()));
+        let mut args = vec![
+            "run".to_string(),
+            "--cloud-provider=sim".to_string(),
+            format!("--cloud-config={}", cloud_config.display()),
+            format!("--kubeconfig={}", cluster.kubeconfig.display()),
+            format!("--cluster-cidr={CLUSTER_CIDR}"),
+            "--bind-address=127.0.0.1".to_string(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", cert_dir.display()),
+            "-v=1".to_string(),
+        ];
+        args.extend(opts.kube_api_qps.map(|q| format!("--kube-api-qps={q}")));
+        args.extend(opts.kube_api_burst.map(|b| format!("--kube-api-burst={b}")));
+        args.extend(opts.ccm_args.iter().cloned());
+        args.extend(extra.iter().cloned());
+        let launch = Launch {
+            bin,
+            args,
+            log_path: opts.ccm_log.clone().unwrap_or_else(|| dir.join("ccm.log")),
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            cert_dir,
+            token: bearer_token(&cluster.kubeconfig),
+        };
+        let (child, pid) = launch.spawn()?;
+        let http = launch.ready().await?;
+        Ok(Env {
+            cluster,
+            server,
+            child,
+            pid,
+            http,
+            launch,
+        })
+    }
+
+    /// Kills the CCM under test with SIGKILL (no shutdown of any kind: its lease stays held
+    /// until it expires) and starts a new one with the same flags, ready when this returns.
+    pub(super) async fn kill_and_restart(&mut self) -> anyhow::Result<()> {
+        self.child
+            .start_kill()
+            .context("SIGKILL to the CCM under test")?;
+        self.child
+            .wait()
+            .await
+            .context("reaping the CCM under test")?;
+        let (child, pid) = self.launch.spawn()?;
+        (self.child, self.pid) = (child, pid);
+        self.http = self.launch.ready().await?;
+        Ok(())
+    }
+
+    pub(super) fn usage(&self) -> Usage {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
+        ccm_manager::procfs::read_pid(self.pid)
+            .map(|p| Usage {
+                peak_rss_mb: p.peak_rss_bytes as f64 / 1e6,
+                rss_mb: p.rss_bytes as f64 / 1e6,
+                cpu_seconds: p.cpu_seconds,
+                rss_anon_mb: status_kb(&status, "RssAnon:") / 1e3,
+                rss_file_mb: status_kb(&status, "RssFile:") / 1e3,
+            })
+            .unwrap_or_default()
+    }
+
+    pub(super) async fn metric(&self, prefix: &str) -> u64 {
+        let Ok((200, body)) = self.http.get("/metrics").await else {
+            return 0;
+        };
+        body.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum::<f64>() as u64
+    }
+
+    pub(super) fn cloud_calls(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for ((op, _), n) in self.cluster.cloud.calls() {
+            *out.entry(op).or_default() += n;
+        }
+        out
+    }
+
+    pub(super) async fn stop(mut self) {
+        #[cfg(unix)]
+        {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(self.pid.to_string())
+                .status()
+                .await;
+            let _ = tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await;
+        }
+        let _ = self.child.kill().await;
+        let _ = self.server.shutdown().await;
+    }
+}

@@ -1,0 +1,65 @@
+//! The services scenario: many LoadBalancer Services at once, then one node joins.
+
+use std::time::Instant;
+
+use super::BenchOptions;
+use super::env::Env;
+use super::report::{ScenarioResult, percentiles};
+use super::track::{Tracker, add_nodes, add_services, api_stats, spinner};
+use crate::cluster::wait_until;
+
+pub(super) async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
+    let pb = spinner(&format!(
+        "services: {} LoadBalancer Services at once",
+        opts.services
+    ));
+    let started = Instant::now();
+    let env = Env::start(opts, opts.fault_rate, &[]).await?;
+    let n = opts.nodes as usize;
+    add_nodes(&env.cluster, 0..opts.nodes, opts.kubelets).await?;
+    let mut converged = wait_until(opts.timeout.0, || async {
+        Ok(env.cluster.state().await?.initialized == n)
+    })
+    .await?;
+    let tracker = Tracker::services(env.cluster.user_client());
+    let t0 = Instant::now();
+    let created = add_services(&env.cluster, "lb", opts.services).await?;
+    let m = opts.services as usize;
+    let all = wait_until(opts.timeout.0, || async { Ok(tracker.count() >= m) }).await?;
+    let all_ingress = t0.elapsed().as_secs_f64();
+    converged &= all;
+    let updates_before = env
+        .cluster
+        .cloud
+        .call_count(ccm_cloud::op::UPDATE_LOAD_BALANCER);
+    let t1 = Instant::now();
+    env.cluster.add_node(opts.nodes).await?;
+    let joined = wait_until(opts.timeout.0, || async {
+        let hosts = env.cluster.cloud.load_balancer_host_counts();
+        Ok(hosts.len() == m && hosts.iter().all(|h| *h == n + 1))
+    })
+    .await?;
+    converged &= joined;
+    let mut r = ScenarioResult {
+        scenario: "services".into(),
+        converged,
+        nodes: opts.nodes,
+        services: opts.services,
+        time_to_ingress: Some(percentiles(tracker.latencies(&created))),
+        all_ingress_seconds: Some(all_ingress),
+        node_join_lb_update_seconds: Some(t1.elapsed().as_secs_f64()),
+        node_join_lb_updates: Some(
+            env.cluster
+                .cloud
+                .call_count(ccm_cloud::op::UPDATE_LOAD_BALANCER)
+                - updates_before,
+        ),
+        ..Default::default()
+    };
+    api_stats(&env, 0, &mut r);
+    r.usage = env.usage();
+    env.stop().await;
+    r.wall_seconds = started.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    Ok(r)
+}
