@@ -190,3 +190,46 @@ async fn cloud_errors_skip_the_round_and_never_delete() {
     .await;
     env.shutdown.cancel();
 }
+
+/// With instance events the full cloud check runs only every resync period (here an hour), but
+/// a Node whose check failed is asked about again every monitor period: a Node whose instance
+/// was terminated during a cloud outage is deleted once the cloud answers, not an hour later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_check_is_retried_every_round_when_events_make_full_checks_rare() {
+    let env = Env::start(SimOptions::default(), true).await;
+    let doomed = node_with_instance(&env, "doomed", "False").await;
+    node_with_instance(&env, "steady", "True").await;
+    env.cloud.set_error_rate(op::INSTANCES_STATUS, 1.0).unwrap();
+    let h = start(
+        &env,
+        NodeLifecycleConfig {
+            node_monitor_period: Duration::from_millis(50),
+            event_driven_resync_period: Duration::from_secs(3600),
+            ..Default::default()
+        },
+    );
+    wait_for("cache", || async { env.shared.nodes.len() == 2 }).await;
+    env.cloud.terminate_instance(&doomed).unwrap();
+    wait_rounds(&h, 5).await;
+    assert!(env.get("doomed").await.is_some(), "errors must not delete");
+    let failed = env.metrics.count(op::INSTANCES_STATUS);
+    assert!(
+        failed >= 3,
+        "the unanswered Node is asked about each round: {failed}"
+    );
+
+    env.cloud.clear_faults();
+    wait_for("deleted once the cloud answers", || async {
+        env.get("doomed").await.is_none()
+    })
+    .await;
+    assert!(env.get("steady").await.is_some());
+    let after = env.metrics.count(op::INSTANCES_STATUS);
+    wait_rounds(&h, 5).await;
+    assert_eq!(
+        env.metrics.count(op::INSTANCES_STATUS),
+        after,
+        "answered: no more checks until the resync"
+    );
+    env.shutdown.cancel();
+}

@@ -103,6 +103,10 @@ pub struct NodeLifecycleController {
     recorder: Recorder,
     batch_max: usize,
     stats: Arc<Stats>,
+    /// Nodes whose last cloud check failed: checked again every `node_monitor_period`, not
+    /// only at the next full check (5 minutes apart with instance events), so a Node whose
+    /// instance went away during a cloud outage is acted on soon after the cloud answers again.
+    unanswered: parking_lot::Mutex<std::collections::HashSet<String>>,
 }
 
 impl NodeLifecycleController {
@@ -139,6 +143,7 @@ impl NodeLifecycleController {
             instances,
             batch_max,
             stats: Arc::default(),
+            unanswered: Default::default(),
         })
     }
 
@@ -216,7 +221,16 @@ impl NodeLifecycleController {
             self.remove_shutdown_taint(n).await
         }))
         .await;
-        if cloud_due {
+        if !cloud_due {
+            let unanswered = self.unanswered.lock();
+            check.retain(|n| {
+                n.metadata
+                    .name
+                    .as_ref()
+                    .is_some_and(|name| unanswered.contains(name))
+            });
+        }
+        if !check.is_empty() {
             self.check_cloud(check).await;
         }
         self.stats.busy.fetch_sub(1, Ordering::SeqCst);
@@ -231,16 +245,23 @@ impl NodeLifecycleController {
             let sem = Semaphore::new(WRITE_CONCURRENCY);
             join_all(work.into_iter().map(|(node, res)| async {
                 let _permit = sem.acquire().await;
+                let name = node.metadata.name.clone().unwrap_or_default();
                 match res {
-                    Ok(status) => self.act(node, status).await,
+                    Ok(status) => {
+                        self.unanswered.lock().remove(&name);
+                        self.act(node, status).await
+                    }
                     // Doubt is never "gone": the Node stays, the operator is told, the next
                     // round asks again.
-                    Err(e) => self.recorder.publish(
+                    Err(e) => {
+                        self.unanswered.lock().insert(name);
+                        self.recorder.publish(
                         &node,
                         EventType::Warning,
                         "CheckingInstanceFailed",
                         format!("Could not tell whether the instance of node {} exists; keeping the node and asking again: {e}", node.metadata.name.as_deref().unwrap_or_default()),
-                    ),
+                    )
+                    }
                 }
             }))
             .await;

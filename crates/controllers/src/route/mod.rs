@@ -119,7 +119,10 @@ pub struct RouteConfig {
     /// Cloud create/delete calls in flight at once per sync (default 200, upstream's constant).
     pub max_concurrent_route_ops: usize,
     /// Watch mode: delay before re-running a failed sync, doubling per consecutive failure
-    /// (default 10s → 5 min). Upstream's watch mode never retries failed route operations.
+    /// (default 10s → 1 min). Upstream's watch mode never retries failed route operations. The
+    /// cap bounds how long routes wait after a long cloud outage ends (`ccm bench chaos`: with
+    /// a 5-minute cap the retry after a 10-minute outage came up to 5 minutes late); one
+    /// `ListRoutes` a minute while the cloud fails is nothing.
     pub retry_backoff: Backoff,
 }
 
@@ -136,7 +139,7 @@ impl Default for RouteConfig {
             max_concurrent_route_ops: 200,
             retry_backoff: Backoff {
                 base: Duration::from_secs(10),
-                max: Duration::from_secs(300),
+                max: Duration::from_secs(60),
             },
         }
     }
