@@ -120,9 +120,9 @@ pub struct RouteConfig {
     pub max_concurrent_route_ops: usize,
     /// Watch mode: delay before re-running a failed sync, doubling per consecutive failure
     /// (default 10s → 1 min). Upstream's watch mode never retries failed route operations. The
-    /// cap bounds how long routes wait after a long cloud outage ends (`ccm bench chaos`: with
-    /// a 5-minute cap the retry after a 10-minute outage came up to 5 minutes late); one
-    /// `ListRoutes` a minute while the cloud fails is nothing.
+    /// cap bounds how long routes wait after a long cloud outage ends (in `ccm bench chaos` the
+    /// retries had grown to 300 s during an outage under a 5-minute cap); one `ListRoutes` a
+    /// minute while the cloud fails is nothing.
     pub retry_backoff: Backoff,
 }
 
