@@ -23,10 +23,6 @@ fn every_fault_keeps_the_invariants() {
             "--cloud-latency=5ms",
             "--api-cost=free",
             "--timeout=90s",
-            // A Node whose instance terminates while the cloud fails is checked again at the
-            // lifecycle controller's resync (default 5m; `ccm bench chaos` reports that wait):
-            // shortened so the suite stays within its budget.
-            "--ccm-arg=--node-lifecycle-resync-period=10s",
         ])
         .arg(format!("--json={}", json.display()))
         .output()

@@ -249,7 +249,7 @@ pub(super) fn print_table(results: &[ScenarioResult]) {
         }
         if r.node_join_lb_update_seconds.is_some() {
             println!(
-                "  node join → LBs updated {}s with {} UpdateLoadBalancer calls",
+                "  node join → last LB update {}s after; {} UpdateLoadBalancer calls in all",
                 f(r.node_join_lb_update_seconds),
                 r.node_join_lb_updates.unwrap_or(0)
             );
