@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
     match MetalConfig::parse(text) {
         Ok(cfg) => {
             let _ = cfg.machine("node-1");
-            if let Some(bgp) = &cfg.bgp {
+            if let Some(bgp) = cfg.routes.as_ref().and_then(|r| r.bgp.as_ref()) {
                 for pw in bgp.peers.iter().filter_map(|p| p.password.as_deref()) {
                     assert!(
                         !pw.chars().any(|c| c == '"' || c == '\\' || c.is_control()),

@@ -21,6 +21,8 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     let (flags, body) = text.split_once('\n').unwrap_or((&text, ""));
     let flags: Vec<String> = flags.split(',').map(str::to_string).collect();
+    // The labeler starts its batching task on the current runtime.
+    let _rt = runtime().enter();
     let labeler: Arc<dyn Webhook> =
         Arc::new(PvLabeler::new(Arc::new(ccm_provider_sim::SimCloud::new())));
     if webhook::check_syntax(&flags).is_ok() {
