@@ -60,7 +60,8 @@ pub fn parse(text: &str) -> Result<Vec<Section>, SyntaxError> {
         }
         let Some(section) = out.last_mut() else {
             return Err(err(format!(
-                "{l:?} comes before any section; put it under [Global]"
+                "{} comes before any section; put it under [Global]",
+                shown_key(l)
             )));
         };
         section.entries.push(entry(l, line).map_err(err)?);
@@ -77,9 +78,9 @@ fn is_name(s: &str) -> bool {
 fn header(l: &str, line: usize) -> Result<Section, String> {
     let body = strip_comment(l.strip_prefix('[').unwrap_or(l));
     let Some(body) = body.trim_end().strip_suffix(']') else {
-        return Err(format!(
-            "section header {l:?} is not closed; expected [Name] or [Name \"sub\"]"
-        ));
+        return Err(
+            "the section header is not closed; expected [Name] or [Name \"sub\"]".to_string(),
+        );
     };
     let body = body.trim();
     let (name, sub) = match body.split_once(char::is_whitespace) {
@@ -94,14 +95,17 @@ fn header(l: &str, line: usize) -> Result<Section, String> {
                 Some(q) => (name, Some(unescape(q)?)),
                 None => {
                     return Err(format!(
-                        "subsection in {l:?} must be in double quotes, e.g. [{name} \"1\"]"
+                        "the subsection must be in double quotes, e.g. [{} \"1\"]",
+                        if is_name(name) { name } else { "Name" }
                     ));
                 }
             }
         }
     };
     if !is_name(name) {
-        return Err(format!("section name {name:?} is not a valid name"));
+        return Err(
+            "the section name is not a valid name (letters, digits, '-' and '_')".to_string(),
+        );
     }
     Ok(Section {
         line,
@@ -113,19 +117,33 @@ fn header(l: &str, line: usize) -> Result<Section, String> {
 
 fn entry(l: &str, line: usize) -> Result<Entry, String> {
     let (key, value) = match l.split_once('=') {
-        Some((k, v)) => (k.trim(), Some(value_of(v)?)),
+        Some((k, v)) => (
+            k.trim(),
+            Some(value_of(v).map_err(|e| format!("{}: {e}", shown_key(l)))?),
+        ),
         None => (strip_comment(l).trim(), None),
     };
     if !is_name(key) {
-        return Err(format!(
-            "{l:?} is not `Name = value` (names are letters, digits, '-' and '_')"
-        ));
+        return Err(
+            "the line is not `Name = value` (names are letters, digits, '-' and '_')".to_string(),
+        );
     }
     Ok(Entry {
         line,
         key: key.to_string(),
         value,
     })
+}
+
+/// The key of a `Name = value` line for an error message, or "the line" when it is no name:
+/// errors never quote a line's text, which may be a password.
+fn shown_key(l: &str) -> String {
+    let key = l.split_once('=').map_or(l, |(k, _)| k).trim();
+    if is_name(key) {
+        format!("`{key}`")
+    } else {
+        "the line".to_string()
+    }
 }
 
 /// Cuts a `;` or `#` comment that starts outside double quotes.
@@ -158,7 +176,7 @@ fn value_of(raw: &str) -> Result<String, String> {
         }
     }
     if quoted {
-        return Err(format!("value {v:?} has an unclosed double quote"));
+        return Err("the value has an unclosed double quote".to_string());
     }
     Ok(out)
 }
@@ -222,5 +240,40 @@ mod tests {
         assert!(e.message.contains("not closed"), "{}", e.message);
         let e = parse("[Global]\nthis is = bad\n").expect_err("name");
         assert_eq!(e.line, 2);
+    }
+
+    /// Found by the `openstack_config` fuzz target: syntax errors quoted the line, and the line
+    /// can hold a password.
+    #[test]
+    fn syntax_errors_never_quote_the_line() {
+        for (text, says) in [
+            (
+                "[Global]\npassword = \"s3cretPassw0rd\n",
+                "`password`: the value has an unclosed",
+            ),
+            (
+                "password = s3cretPassw0rd\n[Global]\n",
+                "`password` comes before any section",
+            ),
+            ("[Global-password = s3cretPassw0rd\n", "not closed"),
+            ("[Global s3cretPassw0rd]\n", "double quotes, e.g. [Global"),
+            ("[s3cretPassw0rd!]\n", "section name is not a valid name"),
+            (
+                "[Global]\npass word = s3cretPassw0rd\n",
+                "not `Name = value`",
+            ),
+            (
+                "[Global]\nx s3cretPassw0rd = \"y\n",
+                "the line: the value has an unclosed",
+            ),
+        ] {
+            let e = parse(text).expect_err(text);
+            assert!(
+                !e.message.contains("s3cretPassw0rd"),
+                "{text:?}: {}",
+                e.message
+            );
+            assert!(e.message.contains(says), "{text:?}: {}", e.message);
+        }
     }
 }

@@ -40,6 +40,25 @@ use parking_lot::RwLock;
 use serde_json::json;
 use tokio::net::TcpListener;
 
+/// In-process entry points of kube-sim's request decoding for the fuzz targets (`fuzz/`,
+/// docs/fuzzing.md): what a client's bytes reach. Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::patch::{PatchType, apply};
+    pub use crate::proto::{decode_object, encode_object};
+    pub use crate::selectors::{FieldSelector, LabelSelector};
+
+    impl crate::KubeSim {
+        /// Serves one request in process, as the listener does (authentication included).
+        pub async fn serve_one(
+            &self,
+            req: http::Request<http_body_util::Full<bytes::Bytes>>,
+        ) -> http::Response<axum::body::Body> {
+            self.shared.clone().handle(req).await
+        }
+    }
+}
+
 pub use faults::Faults;
 pub use metrics::{RequestCount, RequestKey, Verb};
 pub use realistic::{realistic_node, realistic_node_status, realistic_service};

@@ -46,6 +46,16 @@ pub fn service_in_flight(concurrent_service_syncs: usize) -> usize {
 /// User agent prefix, as upstream's `cloud-controller-manager`.
 pub const USER_AGENT_BASE: &str = "cloud-controller-manager";
 
+/// Reads a kubeconfig file. Its errors keep the first line only (what is wrong, at which line
+/// and column): the YAML parser adds an excerpt of the file around the error, which would put
+/// the tokens and passwords on neighbouring lines into the log.
+pub fn read_kubeconfig(path: &Path) -> anyhow::Result<Kubeconfig> {
+    Kubeconfig::read_from(path).map_err(|e| {
+        let text = e.to_string();
+        anyhow::anyhow!("{}", text.lines().next().unwrap_or_default().trim_end())
+    })
+}
+
 /// Reads `--kubeconfig` (or the in-cluster / default config) and applies `--master`.
 pub async fn load_config(
     kubeconfig: Option<&Path>,
@@ -53,7 +63,7 @@ pub async fn load_config(
 ) -> anyhow::Result<kube::Config> {
     let mut config = match kubeconfig {
         Some(path) => {
-            let kc = Kubeconfig::read_from(path)
+            let kc = read_kubeconfig(path)
                 .with_context(|| format!("--kubeconfig {}: cannot read", path.display()))?;
             kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
                 .await
@@ -301,5 +311,23 @@ mod tests {
         assert_eq!(service_in_flight(100), 100, "the default: one per worker");
         assert_eq!(service_in_flight(1), MAX_IN_FLIGHT, "upstream's 1 worker");
         assert_eq!(service_in_flight(10_000), SERVICE_MAX_IN_FLIGHT);
+    }
+
+    /// Found by the `kubeconfig` fuzz target: the YAML error quoted the lines around it,
+    /// password included.
+    #[tokio::test]
+    async fn a_kubeconfig_syntax_error_does_not_show_its_neighbouring_credentials() {
+        let dir = std::env::temp_dir().join(format!("ccm-kubeconfig-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("kubeconfig");
+        let text = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\n    certificate-authority-data: LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLSer:\n    username: admin\n    password: adminPassw1rd\n";
+        std::fs::write(&path, text).expect("write");
+        let err = load_config(Some(path.as_path()), None)
+            .await
+            .expect_err("not YAML");
+        let msg = format!("{err:#}");
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+        assert!(!msg.contains("adminPassw1rd"), "{msg}");
+        assert!(msg.contains("line 7"), "the error still says where: {msg}");
     }
 }

@@ -121,7 +121,13 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
         };
         total += value * scale;
     }
-    Ok(Duration::from_secs_f64(total))
+    // Go's limit: an int64 of nanoseconds (about 292 years); beyond it Go reports an overflow.
+    if total > i64::MAX as f64 / 1e9 {
+        return Err(format!(
+            "invalid duration {s:?}: longer than Go's limit of about 292 years"
+        ));
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| err())
 }
 
 fn go_bool(s: &str) -> Result<bool, String> {
@@ -884,6 +890,17 @@ impl RunOptions {
 
 #[cfg(test)]
 mod tests {
+    /// Found by the `small_parsers` fuzz target: a long number panicked in
+    /// `Duration::from_secs_f64`.
+    #[test]
+    fn a_duration_past_gos_limit_is_an_error_not_a_panic() {
+        let long = format!("{}s", "3".repeat(86));
+        let e = parse_go_duration(&long).expect_err("overflows");
+        assert!(e.contains("292 years"), "{e}");
+        assert!(parse_go_duration("2562047h").is_ok(), "inside Go's limit");
+        assert!(parse_go_duration("2562048h").is_err(), "past Go's limit");
+    }
+
     use super::*;
 
     #[test]

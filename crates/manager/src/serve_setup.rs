@@ -92,7 +92,7 @@ async fn review_client(
 ) -> anyhow::Result<kube::Client> {
     let config = match kubeconfig {
         Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
+            let kc = crate::client::read_kubeconfig(path)
                 .with_context(|| format!("{flag} {}: cannot read", path.display()))?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await

@@ -35,3 +35,10 @@ pub use instances::{STATUS_SHUTOFF, provider_id, server_id};
 pub use nova::{COMPUTE_MICROVERSION, PAGE_SIZE, PORTS_PER_CALL};
 pub use routes::{EXT_ATOMIC, EXT_PAIRS, EXT_TAGS, MAX_TAG_LEN, next_hop, route_tag};
 pub use secret::Secret;
+
+/// The Nova and Neutron calls and the address mapping, for the fuzz targets (`fuzz/`,
+/// docs/fuzzing.md) that feed them a cloud's answers. Not an API.
+#[doc(hidden)]
+pub use addresses::node_addresses;
+#[doc(hidden)]
+pub use nova::{Port, Server, get_server, list_servers, ports_of};
