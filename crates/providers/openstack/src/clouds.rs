@@ -84,6 +84,15 @@ fn fill_path(into: &mut Option<PathBuf>, from: String) {
     }
 }
 
+/// A YAML error without the values it quotes: a mis-indented `password:` makes the parser
+/// quote the password (`invalid type: string "…"`), and the error reaches the log.
+fn redact_quoted(msg: &str) -> String {
+    match (msg.find('"'), msg.rfind('"')) {
+        (Some(a), Some(b)) if b > a => format!("{}\"<redacted>\"{}", &msg[..a], &msg[b + 1..]),
+        _ => msg.to_string(),
+    }
+}
+
 /// Merges the clouds.yaml entry into `g`; what the cloud.conf sets wins.
 pub fn merge(g: &mut GlobalOpts) -> Result<(), ConfigError> {
     let tried = candidates(g);
@@ -104,7 +113,11 @@ pub fn merge(g: &mut GlobalOpts) -> Result<(), ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::general(format!("cannot read it: {e}")).in_file(file.clone()))?;
     let parsed: File = serde_yaml_ng::from_str(&text).map_err(|e| {
-        ConfigError::general(format!("not a clouds.yaml: {e}")).in_file(file.clone())
+        ConfigError::general(format!(
+            "not a clouds.yaml: {}",
+            redact_quoted(&e.to_string())
+        ))
+        .in_file(file.clone())
     })?;
     let name = if g.cloud.is_empty() {
         std::env::var("OS_CLOUD").unwrap_or_default()
@@ -168,6 +181,26 @@ pub fn merge(g: &mut GlobalOpts) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `openstack_clouds_yaml` fuzz target: a mis-indented `password:` used to
+    /// be quoted in the YAML error.
+    #[test]
+    fn a_malformed_clouds_yaml_never_quotes_its_values() {
+        let dir = std::env::temp_dir().join(format!("ccm-os-clouds-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("clouds.yaml");
+        std::fs::write(&path, "clouds:\n  password: hunter2-secret\n").expect("write");
+        let mut g = GlobalOpts {
+            use_clouds: true,
+            clouds_file: Some(path),
+            cloud: "prod".into(),
+            ..Default::default()
+        };
+        let e = merge(&mut g).expect_err("not a clouds.yaml").to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(e.contains("not a clouds.yaml"), "{e}");
+        std::fs::remove_dir_all(dir).ok();
+    }
 
     #[test]
     fn the_cloud_conf_wins_and_clouds_yaml_fills_the_rest() {

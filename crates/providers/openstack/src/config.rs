@@ -310,7 +310,8 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
         total += value * scale;
         rest = &rest[u..];
     }
-    Some(Duration::from_secs_f64(total))
+    // Past Go's limit (~292 years) is no duration: an error, not a panic.
+    Duration::try_from_secs_f64(total).ok()
 }
 
 impl OpenStackConfig {
@@ -599,6 +600,13 @@ fn unknown(s: &Section, e: &Entry, known: &str) -> ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `openstack_config` fuzz target: a duration past Go's limit panicked.
+    #[test]
+    fn a_duration_past_gos_limit_is_an_error_not_a_panic() {
+        assert_eq!(parse_go_duration(&format!("{}s", "9".repeat(90))), None);
+        assert_eq!(parse_go_duration("1m30s"), Some(Duration::from_secs(90)));
+    }
 
     const FULL: &str = r#"
 [Global]
