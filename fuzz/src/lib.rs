@@ -103,18 +103,41 @@ pub fn assert_hidden(message: &str, secret: &str) {
 /// The values of `key = value` / `key = "value"` lines of `text` (any case, quotes dropped):
 /// the credentials a fuzz input sets, for [`assert_hidden`].
 pub fn values_of<'a>(text: &'a str, key: &str) -> Vec<&'a str> {
-    text.lines()
-        .filter_map(|l| l.split_once('='))
+    let values = text.lines().filter_map(|l| ini_value(l, key)).collect();
+    only_secret(text, values, |l, v| ini_value(l, key) == Some(v))
+}
+
+fn ini_value<'b>(l: &'b str, key: &str) -> Option<&'b str> {
+    l.split_once('=')
         .filter(|(k, _)| k.trim().eq_ignore_ascii_case(key))
         .map(|(_, v)| v.trim().trim_matches('"'))
+}
+
+/// The `values` that appear in `text` only on their own lines (`is_own(line, value)`): a value
+/// that is also part of another line (a key name, another field) may rightly be shown there.
+fn only_secret<'a>(
+    text: &str,
+    values: Vec<&'a str>,
+    is_own: impl Fn(&str, &str) -> bool,
+) -> Vec<&'a str> {
+    values
+        .into_iter()
+        .filter(|v| {
+            text.lines()
+                .filter(|l| l.contains(*v))
+                .all(|l| is_own(l, v))
+        })
         .collect()
 }
 
 /// The values of `key: value` YAML lines of `text` for any of `keys` (quotes dropped).
 pub fn values_of_yaml<'a>(text: &'a str, keys: &[&str]) -> Vec<&'a str> {
-    text.lines()
-        .filter_map(|l| l.split_once(':'))
+    let values = text.lines().filter_map(|l| yaml_value(l, keys)).collect();
+    only_secret(text, values, |l, v| yaml_value(l, keys) == Some(v))
+}
+
+fn yaml_value<'b>(l: &'b str, keys: &[&str]) -> Option<&'b str> {
+    l.split_once(':')
         .filter(|(k, _)| keys.contains(&k.trim().trim_start_matches("- ")))
         .map(|(_, v)| v.trim().trim_matches('"').trim_matches('\''))
-        .collect()
 }
