@@ -50,6 +50,14 @@ pub const USER_AGENT_BASE: &str = "cloud-controller-manager";
 /// and column): the YAML parser adds an excerpt of the file around the error, which would put
 /// the tokens and passwords on neighbouring lines into the log.
 pub fn read_kubeconfig(path: &Path) -> anyhow::Result<Kubeconfig> {
+    // kube-client 5.0 panics on a UTF-16 file of an odd length (its byte-order-mark decoding
+    // indexes past the last byte; found by fuzzing): refuse such a file here.
+    if let Ok(bytes) = std::fs::read(path)
+        && matches!(bytes.as_slice(), [0xFF, 0xFE, ..] | [0xFE, 0xFF, ..])
+        && bytes.len() % 2 == 1
+    {
+        anyhow::bail!("not a kubeconfig: UTF-16 text with an odd number of bytes");
+    }
     Kubeconfig::read_from(path).map_err(|e| {
         let text = e.to_string();
         anyhow::anyhow!("{}", text.lines().next().unwrap_or_default().trim_end())
@@ -304,6 +312,15 @@ async fn write_token(admin: &kube::Client, account: &str, path: &Path) -> anyhow
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_utf16_kubeconfig_of_an_odd_length_is_an_error_not_a_panic() {
+        let path = std::env::temp_dir().join(format!("ccm-kc-utf16-{}", std::process::id()));
+        std::fs::write(&path, [0xFE, 0xFF, 0x00, 0x61, 0x00]).expect("write");
+        let e = super::read_kubeconfig(&path).expect_err("odd UTF-16");
+        assert!(e.to_string().contains("UTF-16"), "{e}");
+        let _ = std::fs::remove_file(&path);
+    }
+
     use super::*;
 
     #[test]
