@@ -54,7 +54,7 @@ pub fn read_kubeconfig(path: &Path) -> anyhow::Result<Kubeconfig> {
     // indexes past the last byte; found by fuzzing): refuse such a file here.
     if let Ok(bytes) = std::fs::read(path)
         && matches!(bytes.as_slice(), [0xFF, 0xFE, ..] | [0xFE, 0xFF, ..])
-        && bytes.len() % 2 == 1
+        && !bytes.len().is_multiple_of(2)
     {
         anyhow::bail!("not a kubeconfig: UTF-16 text with an odd number of bytes");
     }
