@@ -637,6 +637,16 @@ async fn load_balancer_addresses_over_bgp_reach_the_nodes_that_serve_them() {
             &[("InternalIP", &format!("192.168.79.1{i}"))],
         )
         .await;
+        // Initialized, as the cloud-node controller (not run here) leaves a Node: an
+        // uninitialized Node backs no load balancer.
+        Api::<Node>::all(client.clone())
+            .patch(
+                &format!("n{i}"),
+                &PatchParams::default(),
+                &Patch::Merge(&serde_json::json!({"spec": {"taints": null}})),
+            )
+            .await
+            .expect("initialize node");
     }
     let cloud_config = dir.0.join("metal.toml");
     std::fs::write(
