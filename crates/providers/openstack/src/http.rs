@@ -37,6 +37,18 @@ impl Reply {
         serde_json::from_slice(&self.body)
             .map_err(|e| CloudError::Transient(format!("{op}: unexpected response body ({e})")))
     }
+
+    /// The body's `key` member as `T` (OpenStack wraps each answer: `{"loadbalancer": {…}}`),
+    /// or an error naming the operation.
+    pub fn field<T: serde::de::DeserializeOwned>(
+        &self,
+        op: &str,
+        key: &str,
+    ) -> Result<T, CloudError> {
+        let mut v: serde_json::Value = self.json(op)?;
+        serde_json::from_value(v[key].take())
+            .map_err(|e| CloudError::Transient(format!("{op}: unexpected response body ({e})")))
+    }
 }
 
 /// The shared HTTP client.

@@ -188,10 +188,9 @@ impl OctaviaLb {
         path: &str,
         key: &str,
     ) -> CloudResult<Vec<T>> {
-        let reply = self.octavia(op, Method::GET, path, None).await?;
-        let mut v: Value = reply.json(op)?;
-        serde_json::from_value(v[key].take())
-            .map_err(|e| CloudError::Transient(format!("{op}: unexpected response body ({e})")))
+        self.octavia(op, Method::GET, path, None)
+            .await?
+            .field(op, key)
     }
 
     /// The Service's LB: the annotated one, else the one of its name. Deleted and deleting
@@ -224,13 +223,7 @@ impl OctaviaLb {
             .call(SERVICE_TYPE, op, Method::GET, &path, None)
             .await?;
         match reply.status.as_u16() {
-            200 => {
-                let mut v: Value = reply.json(op)?;
-                let lb = serde_json::from_value(v["loadbalancer"].take()).map_err(|e| {
-                    CloudError::Transient(format!("{op}: unexpected response body ({e})"))
-                })?;
-                Ok(Some(lb))
-            }
+            200 => Ok(Some(reply.field(op, "loadbalancer")?)),
             404 => Ok(None),
             _ => Err(status_error(op, &reply)),
         }
@@ -468,9 +461,7 @@ impl OctaviaLb {
                 Some(&json!({"loadbalancer": body})),
             )
             .await?;
-        let mut v: Value = reply.json(op)?;
-        serde_json::from_value(v["loadbalancer"].take())
-            .map_err(|e| CloudError::Transient(format!("{op}: unexpected response body ({e})")))
+        reply.field(op, "loadbalancer")
     }
 }
 
@@ -595,7 +586,7 @@ impl OctaviaLb {
         }
         self.settle(lb_id).await?;
         let op = "load-balancer POST /v2/lbaas/pools";
-        let mut v: Value = self
+        let pool: Pool = self
             .octavia(
                 op,
                 Method::POST,
@@ -603,9 +594,7 @@ impl OctaviaLb {
                 Some(&json!({"pool": body})),
             )
             .await?
-            .json(op)?;
-        let pool: Pool = serde_json::from_value(v["pool"].take())
-            .map_err(|e| CloudError::Transient(format!("{op}: unexpected response body ({e})")))?;
+            .field(op, "pool")?;
         if !w.members.is_empty() {
             let path = format!("/v2/lbaas/pools/{}/members", enc(&pool.id));
             self.settle(lb_id).await?;
@@ -832,12 +821,9 @@ impl OctaviaLb {
 
     async fn fips(&self, query: &str) -> CloudResult<Vec<FloatingIp>> {
         let op = "network GET /v2.0/floatingips";
-        let mut v: Value = self
-            .neutron(op, Method::GET, &format!("/v2.0/floatingips?{query}"), None)
+        self.neutron(op, Method::GET, &format!("/v2.0/floatingips?{query}"), None)
             .await?
-            .json(op)?;
-        serde_json::from_value(v["floatingips"].take())
-            .map_err(|e| CloudError::Transient(format!("{op}: unexpected response body ({e})")))
+            .field(op, "floatingips")
     }
 
     async fn fip_of_port(&self, port: &str) -> CloudResult<Option<FloatingIp>> {
@@ -901,7 +887,7 @@ impl OctaviaLb {
             body["floating_ip_address"] = json!(ip);
         }
         let op = "network POST /v2.0/floatingips";
-        let mut v: Value = self
+        let f: FloatingIp = self
             .neutron(
                 op,
                 Method::POST,
@@ -909,9 +895,7 @@ impl OctaviaLb {
                 Some(&json!({"floatingip": body})),
             )
             .await?
-            .json(op)?;
-        let f: FloatingIp = serde_json::from_value(v["floatingip"].take())
-            .map_err(|e| CloudError::Transient(format!("{op}: unexpected response body ({e})")))?;
+            .field(op, "floatingip")?;
         Ok(f.floating_ip_address)
     }
 
