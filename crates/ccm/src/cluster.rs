@@ -30,9 +30,29 @@ pub struct SimCluster {
     pub cloud: SimCloud,
     /// A kubeconfig for the API server (for the CCM and for kubectl).
     pub kubeconfig: PathBuf,
+    /// What the simulated kubelets and users send (set before the first Node registers).
+    pub bodies: Bodies,
     kubelet: kube::Client,
     user: kube::Client,
     _dir: TempDir,
+}
+
+/// How big the objects the simulated kubelets and users send are. The CPU and memory a
+/// controller spends per object, and the API server's cost per request, grow with it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Bodies {
+    /// The fields the CCM reads and nothing else: small, for tests and the demo.
+    #[default]
+    Minimal,
+    /// The workload of the real-server reference run (docs/BENCHMARKS.md): Nodes with
+    /// hostname/os/arch labels, a status of four conditions, InternalIP and Hostname,
+    /// capacity and nodeInfo; Services with one TCP port.
+    Reference,
+    /// What a real cluster's kubelets and deployment tools send: the reference objects plus
+    /// images, allocatable, runtime handlers, beta labels and annotations; Services with two
+    /// ports, labels and Helm annotations.
+    Production,
 }
 
 /// How a simulated kubelet is configured and what it finds on its machine.
@@ -103,6 +123,7 @@ impl SimCluster {
             kube: Some(kube),
             cloud,
             kubeconfig,
+            bodies: Bodies::Minimal,
             kubelet,
             user,
             _dir: TempDir(dir),
@@ -132,6 +153,7 @@ impl SimCluster {
             kube: None,
             cloud,
             kubeconfig: kubeconfig.to_path_buf(),
+            bodies: Bodies::Minimal,
             kubelet: client_for(KUBELET_AGENT).await?,
             user: client_for(USER_AGENT).await?,
             _dir: TempDir(dir),
@@ -158,6 +180,9 @@ impl SimCluster {
     /// Registers node number `i` as a kubelet configured as `kubelet` does.
     pub async fn add_node_as(&self, i: u32, kubelet: Kubelet) -> anyhow::Result<String> {
         let name = format!("node-{i:05}");
+        if self.bodies != Bodies::Minimal && kubelet == Kubelet::External {
+            return Ok(self.register(i).await?.0);
+        }
         self.cloud.add_instance(InstanceSpec::new(name.clone()));
         let nodes: Api<Node> = Api::all(self.kubelet.clone());
         let node = Self::node_object(&name, i, kubelet)?;
@@ -177,6 +202,36 @@ impl SimCluster {
             self.set_ready(&name, true).await?;
         }
         Ok(name)
+    }
+
+    /// A kubelet with `--cloud-provider=external` and `--node-ip` registering node number `i`
+    /// with bodies the size of [`Self::bodies`] (not [`Bodies::Minimal`]): its POST, then its
+    /// full status as one strategic-merge PATCH. The instance's InternalIP is the node IP the
+    /// kubelet reports, as on a real VM. Returns the name and when the POST returned (the
+    /// reference run's time zero).
+    pub async fn register(&self, i: u32) -> anyhow::Result<(String, std::time::Instant)> {
+        let name = format!("node-{i:05}");
+        let ip = node_ip(i);
+        self.cloud.add_instance(InstanceSpec {
+            internal_ip: Some(ip.into()),
+            ..InstanceSpec::new(name.clone())
+        });
+        let mut node = ccm_kube_sim::realistic_node(&name, &Self::pod_cidr(i));
+        let mut status = ccm_kube_sim::realistic_node_status(&name, &ip.to_string(), &jiff_now());
+        if self.bodies == Bodies::Reference {
+            trim_to_reference(&mut node, &mut status);
+        }
+        let nodes: Api<Node> = Api::all(self.kubelet.clone());
+        nodes
+            .create(&PostParams::default(), &serde_json::from_value(node)?)
+            .await
+            .with_context(|| format!("kubelet: registering node {name}"))?;
+        let posted = std::time::Instant::now();
+        nodes
+            .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&status))
+            .await
+            .with_context(|| format!("kubelet: status of node {name}"))?;
+        Ok((name, posted))
     }
 
     /// A kubelet that keeps trying through API-server faults, as a real one does: the instance
@@ -303,6 +358,14 @@ impl SimCluster {
 
     async fn create_service(&self, name: &str, type_: &str) -> anyhow::Result<()> {
         let api: Api<Service> = Api::namespaced(self.user.clone(), "default");
+        if self.bodies == Bodies::Production {
+            let mut svc = ccm_kube_sim::realistic_service(name, "default");
+            svc["spec"]["type"] = json!(type_);
+            api.create(&PostParams::default(), &serde_json::from_value(svc)?)
+                .await
+                .with_context(|| format!("creating service default/{name}"))?;
+            return Ok(());
+        }
         let svc: Service = serde_json::from_value(json!({
             "apiVersion": "v1",
             "kind": "Service",
@@ -438,6 +501,31 @@ impl SimCluster {
                 && (200..300).contains(&k.code)
                 && resource.is_none_or(|r| k.resource == r)
         })
+    }
+}
+
+/// Node `i`'s IP: 10.0.0.0/8 without the .0 and .255 of each /24.
+fn node_ip(i: u32) -> std::net::Ipv4Addr {
+    let (net, host) = (i / 254, i % 254 + 1);
+    std::net::Ipv4Addr::new(10, (net >> 8) as u8, net as u8, host as u8)
+}
+
+/// Cuts a production kubelet's bodies down to the reference run's: hostname/os/arch labels, no
+/// annotations; a status of conditions, addresses, capacity and nodeInfo.
+fn trim_to_reference(node: &mut serde_json::Value, status: &mut serde_json::Value) {
+    if let Some(meta) = node.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+        meta.remove("annotations");
+        if let Some(labels) = meta.get_mut("labels").and_then(|l| l.as_object_mut()) {
+            labels.retain(|k, _| !k.starts_with("beta."));
+        }
+    }
+    if let Some(st) = status.get_mut("status").and_then(|s| s.as_object_mut()) {
+        st.retain(|k, _| {
+            matches!(
+                k.as_str(),
+                "conditions" | "addresses" | "capacity" | "nodeInfo"
+            )
+        });
     }
 }
 

@@ -107,6 +107,33 @@ impl CostModel {
         }
     }
 
+    /// Sets one knob from `KNOB=BASE_US+PER_KIB_US` (e.g. `write=1800+200`), `KNOB` one of
+    /// `get`, `list`, `watch`, `write`, `commit`: to fit the model to another server, or to ask
+    /// how a figure moves with one cost.
+    pub fn set_knob(&mut self, spec: &str) -> Result<(), String> {
+        let usage = || {
+            format!(
+                "{spec:?}: expected KNOB=BASE_US+PER_KIB_US with KNOB one of get, list, watch, \
+                 write, commit (e.g. write=1800+200)"
+            )
+        };
+        let (knob, value) = spec.split_once('=').ok_or_else(usage)?;
+        let (base, per_kib) = value.split_once('+').unwrap_or((value, "0"));
+        let (Ok(base), Ok(per_kib)) = (base.trim().parse(), per_kib.trim().parse()) else {
+            return Err(usage());
+        };
+        let cost = Cost::micros(base, per_kib);
+        match knob.trim() {
+            "get" => self.get = cost,
+            "list" => self.list = cost,
+            "watch" => self.watch = cost,
+            "write" => self.write = cost,
+            "commit" => self.commit = cost,
+            _ => return Err(usage()),
+        }
+        Ok(())
+    }
+
     /// True when every cost is zero.
     pub fn is_free(&self) -> bool {
         *self == Self::default()
@@ -189,6 +216,18 @@ mod tests {
         assert!(m.commit(Verb::Create, 4096) > Duration::ZERO);
         assert!(CostModel::free().is_free());
         assert_eq!(CostModel::free().cpu(Verb::Create, 1 << 20), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_knob_sets_one_cost_and_a_malformed_one_is_named() {
+        let mut m = CostModel::calibrated();
+        m.set_knob("write=1800+200").expect("valid knob");
+        assert_eq!(m.write, Cost::micros(1_800, 200));
+        m.set_knob("get=500").expect("per KiB defaults to 0");
+        assert_eq!(m.get, Cost::micros(500, 0));
+        let err = m.set_knob("wrte=1+1").expect_err("unknown knob");
+        assert!(err.contains("wrte=1+1") && err.contains("write"), "{err}");
+        assert!(m.set_knob("write=fast").is_err());
     }
 
     #[test]

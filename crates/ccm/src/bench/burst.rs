@@ -165,9 +165,10 @@ async fn no_ccm_registrations(
         return Ok(None);
     }
     let pb = spinner(&format!("{nodes} nodes register with no CCM (baseline)"));
-    let cluster = SimCluster::start(super::env::sim_cloud(opts, 0.0)?).await?;
+    let mut cluster = SimCluster::start(super::env::sim_cloud(opts, 0.0)?).await?;
+    cluster.bodies = opts.objects;
     if let Some(kube) = &cluster.kube {
-        kube.set_cost_model(opts.cost.model().cpu_scaled(opts.api_cost_scale));
+        kube.set_cost_model(opts.cost_model()?);
     }
     let client = cluster.user_client();
     let (_init, _net) = (

@@ -139,12 +139,13 @@ impl Env {
         extra: &[String],
     ) -> anyhow::Result<Env> {
         let cloud = sim_cloud(opts, fault_rate)?;
-        let cluster = match &opts.kubeconfig {
+        let mut cluster = match &opts.kubeconfig {
             Some(path) => SimCluster::connect(path, cloud.clone()).await?,
             None => SimCluster::start(cloud.clone()).await?,
         };
+        cluster.bodies = opts.objects;
         if let Some(kube) = &cluster.kube {
-            kube.set_cost_model(opts.cost.model().cpu_scaled(opts.api_cost_scale));
+            kube.set_cost_model(opts.cost_model()?);
             if opts.api_429_rate > 0.0 {
                 let faults = kube.faults();
                 faults.set_client_prefix(Some(USER_AGENT_BASE.to_string()));

@@ -13,6 +13,7 @@ mod env;
 mod idle;
 mod join;
 mod memory;
+mod reference;
 mod report;
 mod services;
 mod track;
@@ -23,6 +24,8 @@ use anyhow::Context as _;
 use ccm_manager::options::GoDuration;
 use serde::Serialize;
 use serde_json::json;
+
+use crate::cluster::Bodies;
 
 pub use report::IdleResult;
 
@@ -48,6 +51,9 @@ pub enum Scenario {
     /// A burst of `--scale-nodes` nodes, then `--scale-services` Services (1 in 50 of them
     /// LoadBalancer): how time, requests and memory grow with the cluster.
     Scale,
+    /// The real-server reference run's workload, phase by phase, each figure beside the real
+    /// server's: how well kube-sim's cost model predicts a real one (not run unless named).
+    Reference,
 }
 
 /// How the CCM under test reconciles routes in the idle scenario (`--idle-route-mode`).
@@ -132,15 +138,31 @@ pub struct BenchOptions {
     /// another machine's kube-apiserver, or to ask how the figures move with a slower server.
     #[arg(long, default_value_t = 1.0)]
     pub api_cost_scale: f64,
+    /// Sets one cost of the calibrated model, `KNOB=BASE_US+PER_KIB_US` with KNOB one of get,
+    /// list, watch, write, commit (repeatable; applied before --api-cost-scale): to fit the
+    /// model to another server (docs/BENCHMARKS.md, "The cost model").
+    #[arg(long = "api-cost-knob")]
+    pub api_cost_knobs: Vec<String>,
     /// Nodes registering at once in the scale scenario.
     #[arg(long, default_value_t = 5000)]
     pub scale_nodes: u32,
     /// Services created after the scale scenario's burst (every 50th a LoadBalancer).
     #[arg(long, default_value_t = 10000)]
     pub scale_services: u32,
+    /// How big the Nodes and Services the simulated kubelets and users send are (the
+    /// reference scenario always sends the reference run's).
+    #[arg(long, value_enum, default_value_t = Bodies::Production)]
+    pub objects: Bodies,
     /// Simulated kubelets registering concurrently (the issue 17 real-server runs used 32).
     #[arg(long, default_value_t = 32)]
     pub kubelets: usize,
+    /// The reference scenario's idle window after the burst.
+    #[arg(long, default_value = "120s")]
+    pub reference_idle: GoDuration,
+    /// The reference scenario's idle window after the join (it holds the 5-minute address
+    /// refresh).
+    #[arg(long, default_value = "360s")]
+    pub reference_idle_after_join: GoDuration,
     /// Nodes joining one at a time in the join scenario.
     #[arg(long, default_value_t = 10)]
     pub joins: u32,
@@ -205,6 +227,21 @@ pub struct BenchOptions {
     pub cost: ApiCost,
 }
 
+impl BenchOptions {
+    /// kube-sim's cost model for this run: the cost mode's, with the knobs and the CPU scale.
+    pub(super) fn cost_model(&self) -> anyhow::Result<ccm_kube_sim::cost::CostModel> {
+        let mut model = self.cost.model();
+        if self.cost == ApiCost::Calibrated {
+            for knob in &self.api_cost_knobs {
+                model
+                    .set_knob(knob)
+                    .map_err(|e| anyhow::anyhow!("--api-cost-knob {e}"))?;
+            }
+        }
+        Ok(model.cpu_scaled(self.api_cost_scale))
+    }
+}
+
 /// Runs the selected scenarios.
 pub async fn run(opts: BenchOptions) -> anyhow::Result<std::process::ExitCode> {
     let mut scenarios = opts.scenarios.clone();
@@ -243,6 +280,7 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<std::process::ExitCode> {
                 Scenario::Join => join::join(&opts).await,
                 Scenario::Scale => burst::scale(&opts).await,
                 Scenario::Chaos => chaos::chaos(&opts).await,
+                Scenario::Reference => reference::reference(&opts).await,
             }
             .with_context(|| format!("scenario {s:?} ({cost:?} API)"))?;
             r.api_cost = opts.kubeconfig.is_none().then_some(cost);

@@ -115,6 +115,10 @@ pub struct ScenarioResult {
     pub churn_operations: Option<u64>,
     /// Chaos: one row per fault.
     pub chaos: Vec<ChaosResult>,
+    /// Reference: each figure beside the real server's.
+    pub reference: Vec<super::reference::ReferenceRow>,
+    /// `route_controller_route_sync_total` at the end of the burst.
+    pub route_syncs: Option<u64>,
     /// CCM child resource use.
     pub usage: Usage,
     /// Wall time of the scenario.
@@ -288,6 +292,10 @@ pub(super) fn print_table(results: &[ScenarioResult]) {
             );
         }
         print_chaos(&r.chaos);
+        print_reference(&r.reference);
+        if let Some(n) = r.route_syncs {
+            println!("  route syncs             {n}");
+        }
         if let Some(lag) = r.churn_convergence_lag_seconds {
             println!(
                 "  churn {} ops; converged {:.2}s after; leaked LBs {}, missing LBs {}, leaked routes {}",
@@ -368,6 +376,31 @@ fn print_chaos(rows: &[ChaosResult]) {
             } else {
                 c.violations.join("; ")
             }
+        );
+    }
+}
+
+/// The reference scenario's figures beside the real server's.
+fn print_reference(rows: &[super::reference::ReferenceRow]) {
+    if rows.is_empty() {
+        return;
+    }
+    println!(
+        "  {:<44} {:>9} {:>9} {:>8}",
+        "figure", "real", "here", "off"
+    );
+    for row in rows {
+        println!(
+            "  {:<44} {:>9} {:>9.2} {:>8}{}",
+            row.figure,
+            row.real
+                .map(|v| format!("{v:.2}"))
+                .unwrap_or_else(|| "—".into()),
+            row.measured,
+            row.off
+                .map(|o| format!("{:+.0}%", o * 100.0))
+                .unwrap_or_else(|| "—".into()),
+            if row.fitted { "" } else { "  (not fitted)" }
         );
     }
 }

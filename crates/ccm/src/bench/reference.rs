@@ -1,0 +1,301 @@
+//! The reference scenario: the workload of the real-server run that kube-sim's cost model is
+//! fitted to (docs/BENCHMARKS.md, "The reference run"), played phase by phase, each figure
+//! printed beside the real server's.
+//!
+//! Phases: (a) `--kubelets` clients register `--nodes` Nodes (POST, then a status PATCH, with
+//! the reference run's bodies); (b) idle; (c) `--services` LoadBalancer Services from the same
+//! number of clients; (d) one Node joins and the cloud's UpdateLoadBalancer count is watched
+//! until stable for 20 s; (e) idle (the 5-minute address refresh falls in it); (f) one more
+//! Node joins.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde::Serialize;
+
+use super::BenchOptions;
+use super::env::Env;
+use super::report::{Percentiles, ScenarioResult, percentiles};
+use super::track::{Tracker, initialized, routed, spinner};
+use crate::cluster::{Bodies, wait_until};
+
+/// One figure of the reference run, measured here and (at the reference run's sizes) there.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReferenceRow {
+    /// What is measured, as the reference table names it.
+    pub figure: String,
+    /// The real kube-apiserver + etcd's figure for ccm-rs (null at other sizes).
+    pub real: Option<f64>,
+    /// This run's.
+    pub measured: f64,
+    /// `measured / real − 1`.
+    pub off: Option<f64>,
+    /// True for the figures the model is fitted to (the rest are reported, not fitted).
+    pub fitted: bool,
+}
+
+/// The real server's figures for ccm-rs (main 1fc782c; 1,000 Nodes, 200 Services, 32 clients,
+/// 50 ms cloud): ../shared/reference/real-server-2026-11-25.md. `true`: a fitted figure.
+const REAL: &[(&str, f64, bool)] = &[
+    ("(a) the POST+PATCH pairs took, s", 3.39, false),
+    ("(a) initialized p50, s", 1.09, true),
+    ("(a) initialized p99, s", 1.40, true),
+    ("(a) routed p50, s", 0.97, false),
+    ("(a) routed p99, s", 1.36, true),
+    ("(a) first create → last initialized, s", 4.36, false),
+    ("(a) first create → last routed, s", 4.33, false),
+    ("(a) CCM CPU, s", 0.68, true),
+    ("(a) CCM peak RSS, MB", 34.0, true),
+    ("(c) ingress p50, s", 0.06, true),
+    ("(c) ingress p99, s", 0.12, true),
+    ("(c) CCM peak RSS, MB", 48.0, false),
+    ("(d) joined Node initialized, s", 0.08, true),
+    ("(d) joined Node routed, s", 0.08, true),
+    ("(d) UpdateLoadBalancer calls", 400.0, false),
+    ("(d) last UpdateLoadBalancer done after, s", 1.47, true),
+    ("(e) cloud calls in the idle window", 3.0, false),
+    ("end: CCM CPU, s", 1.25, true),
+    ("end: CCM peak RSS, MB", 58.0, true),
+];
+
+/// The figures in [`REAL`]'s order, as this run measured them.
+#[derive(Default)]
+struct Measured(BTreeMap<&'static str, f64>);
+
+impl Measured {
+    fn set(&mut self, figure: &'static str, v: f64) {
+        debug_assert!(REAL.iter().any(|(f, _, _)| *f == figure), "{figure}");
+        self.0.insert(figure, v);
+    }
+
+    /// Rows beside the real figures; those only at the reference sizes.
+    fn rows(&self, at_reference_size: bool) -> Vec<ReferenceRow> {
+        REAL.iter()
+            .filter_map(|(figure, real, fitted)| {
+                let measured = *self.0.get(figure)?;
+                let real = at_reference_size.then_some(*real);
+                Some(ReferenceRow {
+                    figure: figure.to_string(),
+                    real,
+                    measured,
+                    off: real.filter(|r| *r > 0.0).map(|r| measured / r - 1.0),
+                    fitted: *fitted,
+                })
+            })
+            .collect()
+    }
+}
+
+pub(super) async fn reference(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
+    let pb = spinner(&format!(
+        "reference: {} nodes, idle, {} LoadBalancer Services, a join, idle, a join",
+        opts.nodes, opts.services
+    ));
+    let started = Instant::now();
+    let opts = BenchOptions {
+        objects: Bodies::Reference,
+        ..opts.clone()
+    };
+    let env = Env::start(&opts, opts.fault_rate, &[]).await?;
+    let r = phases(&env, &opts).await;
+    env.stop().await;
+    let mut r = r?;
+    r.wall_seconds = started.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    Ok(r)
+}
+
+async fn phases(env: &Env, opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
+    let mut m = Measured::default();
+    let mut r = burst(env, opts, &mut m).await?;
+    tokio::time::sleep(opts.reference_idle.0).await;
+    r.converged &= services(env, opts, &mut m, &mut r).await?;
+    r.converged &= join_with_lbs(env, opts, &mut m, &mut r).await?;
+    let before: u64 = env.cloud_calls().values().sum();
+    tokio::time::sleep(opts.reference_idle_after_join.0).await;
+    let after: u64 = env.cloud_calls().values().sum();
+    m.set(
+        "(e) cloud calls in the idle window",
+        (after - before) as f64,
+    );
+    let (ok, _) = join_one(env, opts, opts.nodes + 1).await?;
+    r.converged &= ok;
+    let end = env.usage();
+    m.set("end: CCM CPU, s", end.cpu_seconds);
+    m.set("end: CCM peak RSS, MB", end.peak_rss_mb);
+    r.usage = end;
+    r.cloud_calls = env.cloud_calls();
+    let at_size = opts.nodes == 1000 && opts.services == 200 && opts.kubelets == 32;
+    r.reference = m.rows(at_size);
+    Ok(r)
+}
+
+/// (a): the burst, until every Node is initialized and routed.
+async fn burst(env: &Env, opts: &BenchOptions, m: &mut Measured) -> anyhow::Result<ScenarioResult> {
+    let client = env.cluster.user_client();
+    let (init, net) = (
+        Tracker::nodes(client.clone(), initialized),
+        Tracker::nodes(client, routed),
+    );
+    let t0 = Instant::now();
+    let registered = register(env, 0..opts.nodes, opts.kubelets).await?;
+    let n = opts.nodes as usize;
+    let converged = wait_until(opts.timeout.0, || async {
+        Ok(init.count() >= n && net.count() >= n)
+    })
+    .await?;
+    // Time zero per Node is when its POST returned, as in the reference run.
+    let created: HashMap<String, Instant> = registered
+        .iter()
+        .map(|(k, (posted, _))| (k.clone(), *posted))
+        .collect();
+    let last_registered = registered.values().map(|(_, e)| *e).max().unwrap_or(t0);
+    let (ti, tr) = (
+        percentiles(init.latencies(&created)),
+        percentiles(net.latencies(&created)),
+    );
+    let last = |t: &Tracker| {
+        let f = t.first.lock();
+        f.values()
+            .max()
+            .map_or(0.0, |l| l.duration_since(t0).as_secs_f64())
+    };
+    m.set(
+        "(a) the POST+PATCH pairs took, s",
+        secs(t0, last_registered),
+    );
+    set_percentiles(m, ["(a) initialized p50, s", "(a) initialized p99, s"], ti);
+    set_percentiles(m, ["(a) routed p50, s", "(a) routed p99, s"], tr);
+    m.set("(a) first create → last initialized, s", last(&init));
+    m.set("(a) first create → last routed, s", last(&net));
+    let usage = env.usage();
+    m.set("(a) CCM CPU, s", usage.cpu_seconds);
+    m.set("(a) CCM peak RSS, MB", usage.peak_rss_mb);
+    let mut r = ScenarioResult {
+        scenario: "reference".into(),
+        converged,
+        nodes: opts.nodes,
+        services: opts.services,
+        time_to_initialized: Some(ti),
+        time_to_routed: Some(tr),
+        registration_seconds: Some(secs(t0, last_registered)),
+        ..Default::default()
+    };
+    super::track::api_stats(env, opts.nodes, &mut r);
+    r.route_syncs = Some(env.metric("route_controller_route_sync_total").await);
+    Ok(r)
+}
+
+/// (c): Services from `--kubelets` clients, until every one has its ingress.
+async fn services(
+    env: &Env,
+    opts: &BenchOptions,
+    m: &mut Measured,
+    r: &mut ScenarioResult,
+) -> anyhow::Result<bool> {
+    let tracker = Tracker::services(env.cluster.user_client());
+    let results: Vec<anyhow::Result<(String, Instant)>> = futures::stream::iter(0..opts.services)
+        .map(|i| async move {
+            let name = format!("lb-{i}");
+            let t = Instant::now();
+            env.cluster.add_service(&name).await?;
+            Ok((name, t))
+        })
+        .buffer_unordered(opts.kubelets.max(1))
+        .collect()
+        .await;
+    let created = results
+        .into_iter()
+        .collect::<anyhow::Result<HashMap<_, _>>>()?;
+    let want = created.len();
+    let ok = wait_until(opts.timeout.0, || async { Ok(tracker.count() >= want) }).await?;
+    let p = percentiles(tracker.latencies(&created));
+    set_percentiles(m, ["(c) ingress p50, s", "(c) ingress p99, s"], p);
+    m.set("(c) CCM peak RSS, MB", env.usage().peak_rss_mb);
+    r.time_to_ingress = Some(p);
+    Ok(ok)
+}
+
+/// (d): one Node joins the cluster with its load balancers; the update count is final once it
+/// has not moved for 20 s, as in the reference run.
+async fn join_with_lbs(
+    env: &Env,
+    opts: &BenchOptions,
+    m: &mut Measured,
+    r: &mut ScenarioResult,
+) -> anyhow::Result<bool> {
+    let op = ccm_cloud::op::UPDATE_LOAD_BALANCER;
+    let before = env.cluster.cloud.call_count(op);
+    let t1 = Instant::now();
+    let (ok, (init, net)) = join_one(env, opts, opts.nodes).await?;
+    let updates = || env.cluster.cloud.call_count(op) - before;
+    let (mut seen, mut last_change) = (updates(), Duration::ZERO);
+    while t1.elapsed() < last_change + Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if updates() != seen {
+            (seen, last_change) = (updates(), t1.elapsed());
+        }
+    }
+    m.set("(d) joined Node initialized, s", init);
+    m.set("(d) joined Node routed, s", net);
+    m.set("(d) UpdateLoadBalancer calls", seen as f64);
+    m.set(
+        "(d) last UpdateLoadBalancer done after, s",
+        last_change.as_secs_f64(),
+    );
+    r.node_join_lb_updates = Some(seen);
+    r.node_join_lb_update_seconds = Some(last_change.as_secs_f64());
+    Ok(ok)
+}
+
+/// Node number `i` joins; seconds until it was initialized and until it was routed.
+async fn join_one(env: &Env, opts: &BenchOptions, i: u32) -> anyhow::Result<(bool, (f64, f64))> {
+    let client = env.cluster.user_client();
+    let (init, net) = (
+        Tracker::nodes(client.clone(), initialized),
+        Tracker::nodes(client, routed),
+    );
+    // Both trackers list what exists (Nodes 0..i) first; the join is timed from after that.
+    let settled = i as usize;
+    wait_until(opts.timeout.0, || async {
+        Ok(init.count() >= settled && net.count() >= settled)
+    })
+    .await?;
+    let (name, t) = env.cluster.register(i).await?;
+    let ok = wait_until(opts.timeout.0, || async {
+        Ok(init.first.lock().contains_key(&name) && net.first.lock().contains_key(&name))
+    })
+    .await?;
+    let created = HashMap::from([(name, t)]);
+    let one = |t: &Tracker| t.latencies(&created).first().copied().unwrap_or(f64::NAN);
+    Ok((ok, (one(&init), one(&net))))
+}
+
+/// `kubelets` clients register Nodes `range`: per Node, when its POST returned and when its
+/// status PATCH did.
+async fn register(
+    env: &Env,
+    range: std::ops::Range<u32>,
+    kubelets: usize,
+) -> anyhow::Result<HashMap<String, (Instant, Instant)>> {
+    futures::stream::iter(range)
+        .map(|i| async move {
+            let (name, posted) = env.cluster.register(i).await?;
+            Ok((name, (posted, Instant::now())))
+        })
+        .buffer_unordered(kubelets.max(1))
+        .collect::<Vec<anyhow::Result<_>>>()
+        .await
+        .into_iter()
+        .collect()
+}
+
+fn set_percentiles(m: &mut Measured, figures: [&'static str; 2], p: Percentiles) {
+    m.set(figures[0], p.p50);
+    m.set(figures[1], p.p99);
+}
+
+fn secs(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64()
+}
