@@ -18,8 +18,9 @@ use serde_json::json;
 pub const KUBELET_AGENT: &str = "kubelet/sim";
 /// User-Agent of the simulated user creating Services.
 pub const USER_AGENT: &str = "kubectl/sim";
-/// Pod CIDR range nodes get /24s from.
-pub const CLUSTER_CIDR: &str = "10.128.0.0/9";
+/// Pod CIDR range nodes get /24s from: 10.128.0.0/9 for the first 32,768 nodes, then
+/// 10.0.0.0/9 (room for 65,536).
+pub const CLUSTER_CIDR: &str = "10.0.0.0/8";
 
 /// kube-sim, the sim cloud and clients acting as kubelets and users.
 pub struct SimCluster {
@@ -165,9 +166,14 @@ impl SimCluster {
         self.user.clone()
     }
 
-    /// The pod CIDR of node number `i`: a /24 of [`CLUSTER_CIDR`] (room for 32,768 nodes).
+    /// The pod CIDR of node number `i`: a /24 of [`CLUSTER_CIDR`], distinct for 65,536 nodes.
     pub fn pod_cidr(i: u32) -> String {
-        format!("10.{}.{}.0/24", 128 + (i / 256) % 128, i % 256)
+        let (high, n) = if i < 32_768 {
+            (128, i)
+        } else {
+            (0, i - 32_768)
+        };
+        format!("10.{}.{}.0/24", high + (n / 256) % 128, n % 256)
     }
 
     /// What a kubelet with `--cloud-provider=external` does at startup: register a Node
@@ -504,10 +510,10 @@ impl SimCluster {
     }
 }
 
-/// Node `i`'s IP: 10.0.0.0/8 without the .0 and .255 of each /24.
+/// Node `i`'s IP: 172.16.0.0/12 without the .0 and .255 of each /24 (outside the pod CIDRs).
 fn node_ip(i: u32) -> std::net::Ipv4Addr {
     let (net, host) = (i / 254, i % 254 + 1);
-    std::net::Ipv4Addr::new(10, (net >> 8) as u8, net as u8, host as u8)
+    std::net::Ipv4Addr::new(172, 16 + ((net >> 8) & 0x0f) as u8, net as u8, host as u8)
 }
 
 /// Cuts a production kubelet's bodies down to the reference run's: hostname/os/arch labels, no
