@@ -124,3 +124,66 @@ fn a_burst_runs_on_the_calibrated_model() {
     assert_eq!(burst["converged"], true, "{burst}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The reference scenario, small: every phase runs, the figures are reported, and none is
+/// compared with the real server's at a size other than the reference run's.
+#[test]
+fn the_reference_scenario_runs_small_and_compares_only_at_its_size() {
+    let dir = std::env::temp_dir().join(format!("ccm-bench-ref-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let json = dir.join("bench.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args([
+            "bench",
+            "reference",
+            "--nodes=20",
+            "--services=4",
+            "--cloud-latency=5ms",
+            "--reference-idle=1s",
+            "--reference-idle-after-join=1s",
+            "--timeout=120s",
+            "--api-cost=calibrated",
+            "--api-cost-knob=write=500+50",
+        ])
+        .arg(format!("--json={}", json.display()))
+        .output()
+        .expect("run bench");
+    assert!(
+        out.status.success(),
+        "bench failed: {}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    let r = &doc["scenarios"][0];
+    assert_eq!(r["scenario"], "reference");
+    assert_eq!(r["converged"], true, "{r}");
+    let rows = r["reference"].as_array().expect("reference rows");
+    let figure = |name: &str| {
+        rows.iter()
+            .find(|row| row["figure"].as_str().is_some_and(|f| f.starts_with(name)))
+            .unwrap_or_else(|| panic!("no row {name}: {r}"))
+    };
+    assert!(figure("(a) initialized p99")["measured"].as_f64().is_some());
+    assert!(figure("(c) ingress p99")["measured"].as_f64().is_some());
+    // One join with 4 LBs updates each of them once.
+    assert_eq!(figure("(d) UpdateLoadBalancer calls")["measured"], 4.0);
+    assert!(rows.iter().all(|row| row["real"].is_null()), "{r}");
+    // A malformed knob names itself and the fix.
+    let out = Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args([
+            "bench",
+            "burst",
+            "--api-cost=calibrated",
+            "--api-cost-knob=wrte=1",
+        ])
+        .output()
+        .expect("run bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("wrte=1"),
+        "{stderr}"
+    );
+}

@@ -244,6 +244,12 @@ impl BenchOptions {
 
 /// Runs the selected scenarios.
 pub async fn run(opts: BenchOptions) -> anyhow::Result<std::process::ExitCode> {
+    // A malformed --api-cost-knob is refused before any scenario starts.
+    BenchOptions {
+        cost: ApiCost::Calibrated,
+        ..opts.clone()
+    }
+    .cost_model()?;
     let mut scenarios = opts.scenarios.clone();
     if scenarios.is_empty() {
         scenarios = vec![
