@@ -135,6 +135,9 @@ pub struct LbConfig {
     pub flavor_id: Option<String>,
     /// `availability-zone`.
     pub availability_zone: Option<String>,
+    /// `manage-security-groups` (default false): a security group per Service on the member
+    /// Nodes' ports (see [`crate::secgroup`]).
+    pub manage_security_groups: bool,
 }
 
 impl Default for LbConfig {
@@ -156,6 +159,7 @@ impl Default for LbConfig {
             internal: false,
             flavor_id: None,
             availability_zone: None,
+            manage_security_groups: false,
         }
     }
 }
@@ -170,9 +174,7 @@ fn some(v: &str) -> Option<String> {
 
 impl LbConfig {
     /// From the validated `[LoadBalancer]` pairs of [`crate::OpenStackConfig`]. Keys that are
-    /// not [`HONOURED_KEYS`] are returned for a warning. `manage-security-groups = true` is an
-    /// error: this provider does not manage security groups, and ignoring the key would leave
-    /// node ports open that the operator meant to be closed.
+    /// not [`HONOURED_KEYS`] are returned for a warning.
     pub fn from_pairs(pairs: &[(String, String)]) -> Result<(Self, Vec<String>), ConfigError> {
         let mut c = LbConfig::default();
         let mut ignored = Vec::new();
@@ -203,13 +205,7 @@ impl LbConfig {
                 "internal-lb" => c.internal = v == "true",
                 "flavor-id" => c.flavor_id = some(v),
                 "availability-zone" => c.availability_zone = some(v),
-                "manage-security-groups" if v == "true" => {
-                    return Err(ConfigError::field(
-                        field(key),
-                        "false: ccm-rs does not manage security groups for load balancers; the listeners admit loadBalancerSourceRanges through Octavia's allowed_cidrs",
-                    ));
-                }
-                "manage-security-groups" => {}
+                "manage-security-groups" => c.manage_security_groups = v == "true",
                 _ => ignored.push(key.clone()),
             }
         }
@@ -329,11 +325,30 @@ fn refuse(svc: &Service) -> Result<(), CloudError> {
     Ok(())
 }
 
+/// A value that failed to parse: an error when strict, the default when lenient.
+fn soft<T>(r: Result<T, CloudError>, lenient: bool, default: T) -> Result<T, CloudError> {
+    match r {
+        Err(_) if lenient => Ok(default),
+        other => other,
+    }
+}
+
 impl ServiceLb {
     /// The settings for `svc`, or an error naming the first annotation that is malformed or
     /// refused.
     pub fn new(cfg: &LbConfig, svc: &Service) -> Result<Self, CloudError> {
         refuse(svc)?;
+        Self::build(cfg, svc, false)
+    }
+
+    /// The settings for reading and deleting what exists: refused annotations are left out and
+    /// a malformed value takes its default, except `keep-floatingip`, which decides whether an
+    /// address is released (a malformed one is still an error: never act on doubt).
+    pub fn for_cleanup(cfg: &LbConfig, svc: &Service) -> Result<Self, CloudError> {
+        Self::build(cfg, svc, true)
+    }
+
+    fn build(cfg: &LbConfig, svc: &Service, lenient: bool) -> Result<Self, CloudError> {
         let internal = match svc
             .metadata
             .annotations
@@ -343,32 +358,44 @@ impl ServiceLb {
             None => cfg.internal,
             Some(v) if v == "true" => true,
             Some(v) if v == "false" => false,
+            Some(_) if lenient => cfg.internal,
             Some(v) => {
                 return Err(CloudError::Permanent(format!(
                     "annotation {ANNOTATION_INTERNAL}: expected true or false, got {v:?}"
                 )));
             }
         };
-        let monitor = ann_bool(svc, "enable-health-monitor", cfg.create_monitor)?
-            .then(|| monitor(cfg, svc))
-            .transpose()?;
+        let monitor = soft(
+            ann_bool(svc, "enable-health-monitor", cfg.create_monitor)
+                .and_then(|on| on.then(|| monitor(cfg, svc)).transpose()),
+            lenient,
+            None,
+        )?;
         let lb_method = match ann(svc, "lb-method") {
-            Some(v) => lb_method(v).map_err(|e| bad("lb-method", &e, v))?,
+            Some(v) => soft(
+                lb_method(v).map_err(|e| bad("lb-method", &e, v)),
+                lenient,
+                cfg.lb_method.clone(),
+            )?,
             None => cfg.lb_method.clone(),
         };
         let connection_limit = match ann(svc, "connection-limit") {
             None => -1,
-            Some(v) => v
-                .parse::<i64>()
-                .ok()
-                .filter(|n| *n >= -1)
-                .ok_or_else(|| bad("connection-limit", "-1 or a whole number", v))?,
+            Some(v) => soft(
+                v.parse::<i64>()
+                    .ok()
+                    .filter(|n| *n >= -1)
+                    .ok_or_else(|| bad("connection-limit", "-1 or a whole number", v)),
+                lenient,
+                -1,
+            )?,
         };
         let floating_network_id = if internal {
             None
         } else {
             ann_str(svc, "floating-network-id", &cfg.floating_network_id)
         };
+        let timeout = |key: &str| soft(ann_num(svc, key), lenient, None);
         Ok(ServiceLb {
             internal,
             vip_subnet_id: ann_str(svc, "subnet-id", &cfg.subnet_id),
@@ -383,12 +410,12 @@ impl ServiceLb {
             availability_zone: ann_str(svc, "availability-zone", &cfg.availability_zone),
             monitor,
             connection_limit,
-            proxy_protocol: ann_bool(svc, "proxy-protocol", false)?,
+            proxy_protocol: soft(ann_bool(svc, "proxy-protocol", false), lenient, false)?,
             timeouts: [
-                ann_num(svc, "timeout-client-data")?,
-                ann_num(svc, "timeout-member-connect")?,
-                ann_num(svc, "timeout-member-data")?,
-                ann_num(svc, "timeout-tcp-inspect")?,
+                timeout("timeout-client-data")?,
+                timeout("timeout-member-connect")?,
+                timeout("timeout-member-data")?,
+                timeout("timeout-tcp-inspect")?,
             ],
             keep_floating_ip: ann_bool(svc, "keep-floatingip", false)?,
             lb_id: ann_str(svc, "load-balancer-id", &None),
@@ -471,8 +498,8 @@ mod tests {
         )
         .expect_err("malformed");
         assert!(e.to_string().contains("keep-floatingip"), "{e}");
-        let e = LbConfig::from_pairs(&[("manage-security-groups".into(), "true".into())])
-            .expect_err("refused");
-        assert!(e.to_string().contains("manage-security-groups"), "{e}");
+        let (c, _) = LbConfig::from_pairs(&[("manage-security-groups".into(), "true".into())])
+            .expect("honoured");
+        assert!(c.manage_security_groups);
     }
 }

@@ -260,13 +260,106 @@ impl OctaviaLb {
     fn options(&self, svc: &Service) -> CloudResult<ServiceLb> {
         ServiceLb::new(&self.config, svc)
     }
+
+    /// Options for reading and deleting what exists: a refused or malformed annotation never
+    /// blocks a Service's cleanup (see [`ServiceLb::for_cleanup`]).
+    fn cleanup_options(&self, svc: &Service) -> CloudResult<ServiceLb> {
+        ServiceLb::for_cleanup(&self.config, svc)
+    }
+
+    /// What a Service whose annotations are refused still gets: the members of its existing LB
+    /// follow `nodes`; nothing else is written. No LB: nothing to do (creating one is refused).
+    async fn backends_only(&self, cluster: &str, svc: &Service, nodes: &[Node]) -> CloudResult<()> {
+        let opts = self.cleanup_options(svc)?;
+        let name = lb_name(cluster, svc);
+        let Some(lb) = self.find(&name, &opts).await? else {
+            return Ok(());
+        };
+        self.follow_nodes(&lb, &name, svc, &opts, nodes, false)
+            .await?;
+        if self.config.manage_security_groups {
+            self.security_group(cluster, svc, &lb, &opts, nodes).await?;
+        }
+        Ok(())
+    }
+
+    /// With `manage-security-groups`, the Service's group as wanted; without, none left (as
+    /// upstream: turning the key off removes the groups it made).
+    async fn security_group(
+        &self,
+        cluster: &str,
+        svc: &Service,
+        lb: &Lb,
+        opts: &ServiceLb,
+        nodes: &[Node],
+    ) -> CloudResult<()> {
+        if !self.config.manage_security_groups {
+            return self.delete_security_group(svc).await;
+        }
+        let subnet = opts
+            .member_subnet_id
+            .clone()
+            .or_else(|| lb.vip_subnet_id.clone())
+            .ok_or_else(|| {
+                CloudError::Transient(format!("load balancer {} has no VIP subnet yet", lb.id))
+            })?;
+        self.ensure_security_group(cluster, svc, &subnet, nodes)
+            .await
+    }
+
+    /// Each port's pool gets `nodes` as members (one pools listing, then per pool one members
+    /// listing and, when they differ, one batch update). A port without its pool is an error
+    /// when `need_pools` (the ensure builds it), else skipped.
+    async fn follow_nodes(
+        &self,
+        lb: &Lb,
+        name: &str,
+        svc: &Service,
+        opts: &ServiceLb,
+        nodes: &[Node],
+        need_pools: bool,
+    ) -> CloudResult<()> {
+        let ports = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.clone())
+            .unwrap_or_default();
+        let pools: Vec<Value> = self
+            .list(
+                "load-balancer GET /v2/lbaas/pools",
+                &format!("/v2/lbaas/pools?loadbalancer_id={}", enc(&lb.id)),
+                "pools",
+            )
+            .await?;
+        for (i, port) in ports.iter().enumerate() {
+            if port.node_port.unwrap_or(0) == 0 {
+                continue;
+            }
+            let pool_name = named("pool", i, name);
+            let Some(p) = pools
+                .iter()
+                .find(|p| p["name"].as_str() == Some(pool_name.as_str()))
+            else {
+                if need_pools {
+                    return Err(CloudError::Transient(format!(
+                        "pool {pool_name} is missing; the Service is synced again"
+                    )));
+                }
+                continue;
+            };
+            let id = p["id"].as_str().unwrap_or_default().to_string();
+            let want = members(opts, port, nodes, lb.vip_subnet_id.as_deref());
+            self.fix_members(&lb.id, &id, want).await?;
+        }
+        Ok(())
+    }
 }
 
-fn enc(s: &str) -> String {
+pub(crate) fn enc(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
-fn node_address(node: &Node) -> Option<String> {
+pub(crate) fn node_address(node: &Node) -> Option<String> {
     let addrs = node.status.as_ref()?.addresses.as_ref()?;
     ["InternalIP", "ExternalIP"]
         .iter()
@@ -960,7 +1053,7 @@ impl LoadBalancer for OctaviaLb {
         cluster: &str,
         svc: &Service,
     ) -> CloudResult<Option<LoadBalancerStatus>> {
-        let opts = self.options(svc)?;
+        let opts = self.cleanup_options(svc)?;
         let Some(lb) = self.find(&lb_name(cluster, svc), &opts).await? else {
             return Ok(None);
         };
@@ -977,7 +1070,17 @@ impl LoadBalancer for OctaviaLb {
         svc: &Service,
         nodes: &[Node],
     ) -> CloudResult<LoadBalancerStatus> {
-        let opts = self.options(svc)?;
+        let opts = match self.options(svc) {
+            Ok(o) => o,
+            Err(e) => {
+                // The error becomes the Service's Warning Event; an LB that exists keeps
+                // serving the Nodes there are. Only a new LB is refused.
+                if let Err(b) = self.backends_only(cluster, svc, nodes).await {
+                    tracing::warn!(service = ?svc.metadata.name, error = %b, "members of a load balancer with refused annotations");
+                }
+                return Err(e);
+            }
+        };
         let name = lb_name(cluster, svc);
         let (lb, created) = match self.find(&name, &opts).await? {
             Some(lb) => (lb, false),
@@ -998,15 +1101,17 @@ impl LoadBalancer for OctaviaLb {
             self.reconcile(&lb, &name, w).await?;
         }
         // A shared LB's floating IP is its owner's.
-        match &opts.floating_network_id {
+        let status = match &opts.floating_network_id {
             Some(net) if lb.name == name => {
                 let ip = self
                     .ensure_fip(&lb, svc, net, opts.floating_subnet_id.as_deref())
                     .await?;
-                Ok(ingress(ip))
+                ingress(ip)
             }
-            _ => self.status(&lb, &opts).await,
-        }
+            _ => self.status(&lb, &opts).await?,
+        };
+        self.security_group(cluster, svc, &lb, &opts, nodes).await?;
+        Ok(status)
     }
 
     async fn update_load_balancer(
@@ -1015,58 +1120,52 @@ impl LoadBalancer for OctaviaLb {
         svc: &Service,
         nodes: &[Node],
     ) -> CloudResult<()> {
-        let opts = self.options(svc)?;
+        let opts = match self.options(svc) {
+            Ok(o) => o,
+            Err(e) => {
+                // A refused or malformed annotation never stops the members following the
+                // Nodes: the ensure reports it (a Warning Event) and retries.
+                tracing::warn!(service = ?svc.metadata.name, error = %e, "updating only the members");
+                return self.backends_only(cluster, svc, nodes).await;
+            }
+        };
         let name = lb_name(cluster, svc);
         let Some(lb) = self.find(&name, &opts).await? else {
             return Err(CloudError::Transient(format!(
                 "load balancer {name} does not exist yet"
             )));
         };
-        let w = wants(&opts, &name, svc, nodes, lb.vip_subnet_id.as_deref())?;
-        let pools: Vec<Value> = self
-            .list(
-                "load-balancer GET /v2/lbaas/pools",
-                &format!("/v2/lbaas/pools?loadbalancer_id={}", enc(&lb.id)),
-                "pools",
-            )
+        self.follow_nodes(&lb, &name, svc, &opts, nodes, true)
             .await?;
-        for want in w {
-            let pool_name = want.pool["name"].as_str().unwrap_or_default().to_string();
-            let Some(p) = pools
-                .iter()
-                .find(|p| p["name"].as_str() == Some(pool_name.as_str()))
-            else {
-                // A port without its pool: ensure_load_balancer builds it.
-                return Err(CloudError::Transient(format!(
-                    "pool {pool_name} is missing; the Service is synced again"
-                )));
-            };
-            let id = p["id"].as_str().unwrap_or_default().to_string();
-            self.fix_members(&lb.id, &id, want.members).await?;
+        if self.config.manage_security_groups {
+            self.security_group(cluster, svc, &lb, &opts, nodes).await?;
         }
         Ok(())
     }
 
     async fn ensure_load_balancer_deleted(&self, cluster: &str, svc: &Service) -> CloudResult<()> {
-        let opts = self.options(svc)?;
+        let opts = self.cleanup_options(svc)?;
         let name = lb_name(cluster, svc);
+        // The Service's security group goes last, also when the LB is already gone (a delete
+        // that failed after the LB).
         let Some(lb) = self.find(&name, &opts).await? else {
-            return Ok(());
+            return self.delete_security_group(svc).await;
         };
-        if lb.provisioning_status == "PENDING_DELETE" {
-            return Ok(());
+        if lb.provisioning_status != "PENDING_DELETE" {
+            let lb = self.settle(&lb.id).await?;
+            if lb.name != name {
+                // Shared: only this Service's listeners go.
+                self.reconcile_delete_listeners(&lb, &name).await?;
+            } else {
+                self.release_fip(&lb, svc, &opts).await?;
+                self.delete(
+                    "load-balancer DELETE /v2/lbaas/loadbalancers/{id}",
+                    &format!("/v2/lbaas/loadbalancers/{}?cascade=true", enc(&lb.id)),
+                )
+                .await?;
+            }
         }
-        let lb = self.settle(&lb.id).await?;
-        if lb.name != name {
-            // Shared: only this Service's listeners go.
-            return self.reconcile_delete_listeners(&lb, &name).await;
-        }
-        self.release_fip(&lb, svc, &opts).await?;
-        self.delete(
-            "load-balancer DELETE /v2/lbaas/loadbalancers/{id}",
-            &format!("/v2/lbaas/loadbalancers/{}?cascade=true", enc(&lb.id)),
-        )
-        .await
+        self.delete_security_group(svc).await
     }
 }
 

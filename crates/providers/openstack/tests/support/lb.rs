@@ -305,6 +305,32 @@ pub async fn scenario(stack: &Stack) {
         vec![("10.1.0.11".into(), 30053), ("10.1.0.13".into(), 30053)]
     );
 
+    // A refused annotation on the existing LB: the ensure is an error naming it (the
+    // controller's Warning Event), and the members still follow the Nodes.
+    let mut refused = web.clone();
+    refused.metadata.annotations = Some(
+        [(
+            "loadbalancer.openstack.org/default-tls-container-ref".to_string(),
+            "https://barbican.example/v1/containers/x".to_string(),
+        )]
+        .into(),
+    );
+    let e = until_done(|| lbs.ensure_load_balancer(CLUSTER, &refused, &ab))
+        .await
+        .expect_err("refused");
+    assert!(e.to_string().contains("default-tls-container-ref"), "{e}");
+    assert_eq!(
+        members(stack, &web_pools[0].1),
+        vec![("10.1.0.11".into(), 30080), ("10.1.0.12".into(), 30080)]
+    );
+    until_done(|| lbs.update_load_balancer(CLUSTER, &refused, &ac))
+        .await
+        .expect("members follow the Nodes despite the refused annotation");
+    assert_eq!(
+        members(stack, &web_pools[0].1),
+        vec![("10.1.0.11".into(), 30080), ("10.1.0.13".into(), 30080)]
+    );
+
     // Narrower source ranges: the listeners admit exactly the new set.
     let narrow = service(
         "web",
