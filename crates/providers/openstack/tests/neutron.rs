@@ -304,6 +304,7 @@ async fn neutron_routes_and_conformance_on_one_stack() {
     conformance(&stack, &net).await;
     // Octavia load balancers on the same stack (one stack start for CI).
     support::lb::scenario(&stack).await;
+    support::lb::security_group_scenario(&stack).await;
 
     // … and a Neutron that does not answer.
     r.create_route(k, "uid-a", &route("node-a", "10.20.0.11", CIDR_A))
