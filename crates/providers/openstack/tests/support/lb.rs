@@ -355,6 +355,7 @@ pub async fn scenario(stack: &Stack) {
     assert_eq!(pools(stack, name), vec![web_pools[0].clone()]);
 
     adopt_upstream_layout(stack, &subnet, lbs.as_ref(), &cloud, &ab).await;
+    honoured_annotations(stack, lbs.as_ref(), &ab).await;
 
     // Delete: the LBs and their floating IPs are gone.
     for svc in [&one, &service("legacy", &[("TCP", 8080, 30100)], &[])] {
@@ -684,4 +685,104 @@ pub async fn security_group_scenario(stack: &Stack) {
         "deleting what is gone is done"
     );
     eprintln!("security-group scenario: {:?}", t0.elapsed());
+}
+
+/// `x-forwarded-for`, `hostname` and `floating-subnet` on the real Octavia and Neutron: an
+/// HTTP listener adding the header (and back to TCP when the annotation goes), the hostname as
+/// the ingress, the floating IP from the subnet the pattern names — and none when no subnet
+/// matches.
+async fn honoured_annotations(stack: &Stack, lbs: &dyn LoadBalancer, nodes: &[Node]) {
+    let with = |anns: &[(&str, &str)]| {
+        let mut s = service("xff", &[("TCP", 8080, 30180)], &[]);
+        s.metadata.annotations = Some(
+            anns.iter()
+                .map(|(k, v)| (format!("loadbalancer.openstack.org/{k}"), v.to_string()))
+                .collect(),
+        );
+        s
+    };
+    let xff = with(&[
+        ("x-forwarded-for", "true"),
+        ("hostname", "xff.example.com"),
+        ("floating-subnet", "public-*"),
+    ]);
+    let st = until_done(|| lbs.ensure_load_balancer(CLUSTER, &xff, nodes))
+        .await
+        .expect("x-forwarded-for");
+    let ing = &st.ingress.expect("ingress")[0];
+    assert_eq!(
+        (ing.hostname.as_deref(), ing.ip.as_deref()),
+        (Some("xff.example.com"), None)
+    );
+    let name = "kube_service_kubernetes_default_xff";
+    let listener = |stack: &Stack| {
+        let l = json(
+            stack,
+            &["loadbalancer", "listener", "list", "--loadbalancer", name],
+        );
+        let id = l[0]["id"].as_str().expect("id").to_string();
+        json(stack, &["loadbalancer", "listener", "show", &id])
+    };
+    let l = listener(stack);
+    assert_eq!(l["protocol"], "HTTP", "{l}");
+    assert_eq!(l["insert_headers"]["X-Forwarded-For"], "true", "{l}");
+    let lb = json(stack, &["loadbalancer", "show", name]);
+    let fips = json(
+        stack,
+        &[
+            "floating",
+            "ip",
+            "list",
+            "--port",
+            lb["vip_port_id"].as_str().expect("port"),
+        ],
+    );
+    assert_eq!(fips.as_array().expect("list").len(), 1, "{fips}");
+
+    // The annotation goes: the listener is TCP again.
+    let plain = with(&[("hostname", "xff.example.com")]);
+    until_done(|| lbs.ensure_load_balancer(CLUSTER, &plain, nodes))
+        .await
+        .expect("back to TCP");
+    let l = listener(stack);
+    assert_eq!(l["protocol"], "TCP", "{l}");
+    until_done(|| lbs.ensure_load_balancer_deleted(CLUSTER, &plain))
+        .await
+        .expect("delete");
+
+    // No subnet of the floating network matches: an error naming it, no floating IP.
+    let mut nosub = service("nosub", &[("TCP", 8081, 30181)], &[]);
+    nosub.metadata.annotations = Some(
+        [(
+            "loadbalancer.openstack.org/floating-subnet".to_string(),
+            "nomatch-*".to_string(),
+        )]
+        .into(),
+    );
+    let e = until_done(|| lbs.ensure_load_balancer(CLUSTER, &nosub, nodes))
+        .await
+        .expect_err("no matching subnet");
+    assert!(e.to_string().contains("floating-subnet"), "{e}");
+    let lb = json(
+        stack,
+        &[
+            "loadbalancer",
+            "show",
+            "kube_service_kubernetes_default_nosub",
+        ],
+    );
+    let fips = json(
+        stack,
+        &[
+            "floating",
+            "ip",
+            "list",
+            "--port",
+            lb["vip_port_id"].as_str().expect("port"),
+        ],
+    );
+    assert_eq!(fips.as_array().expect("list").len(), 0, "{fips}");
+    until_done(|| lbs.ensure_load_balancer_deleted(CLUSTER, &nosub))
+        .await
+        .expect("delete");
 }
