@@ -1180,7 +1180,20 @@ impl LoadBalancer for OctaviaLb {
         };
         let lb = self.settle(&lb.id).await?;
         if !created {
-            let w = wants(&opts, &name, svc, nodes, lb.vip_subnet_id.as_deref())?;
+            let w = match wants(&opts, &name, svc, nodes, lb.vip_subnet_id.as_deref()) {
+                Ok(w) => w,
+                Err(e) => {
+                    // A port the LB cannot serve as asked: reported, and the members still
+                    // follow the Nodes.
+                    if let Err(b) = self
+                        .follow_nodes(&lb, &name, svc, &opts, nodes, false)
+                        .await
+                    {
+                        tracing::warn!(lb = %name, error = %b, "members of a load balancer whose Service is refused");
+                    }
+                    return Err(e);
+                }
+            };
             self.reconcile(&lb, &name, w).await?;
         }
         // A shared LB's floating IP is its owner's.

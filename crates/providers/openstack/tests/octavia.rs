@@ -223,6 +223,29 @@ async fn a_refused_annotation_never_stops_the_members_of_an_existing_lb() {
     assert_eq!(w.len(), 1, "{w:?}");
     assert!(w[0].2.contains("10.0.0.2"), "{w:?}");
 
+    // x-forwarded-for on a UDP port is refused too (a listener cannot serve it as asked):
+    // an error naming it, and the members still follow.
+    seen.lock().clear();
+    let mut udp = service("web", &[("UDP", 53, 30053)], &[]);
+    udp.metadata.annotations = Some(
+        [(
+            "loadbalancer.openstack.org/x-forwarded-for".to_string(),
+            "true".to_string(),
+        )]
+        .into(),
+    );
+    let e = lbs
+        .ensure_load_balancer(CLUSTER, &udp, &[node("c", "10.0.0.3")])
+        .await
+        .expect_err("refused");
+    assert!(e.to_string().contains("x-forwarded-for"), "{e}");
+    let w = writes(&seen);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].2.contains("10.0.0.3") && w[0].2.contains("30053"),
+        "{w:?}"
+    );
+
     // Cleanup is not blocked either: the delete goes through.
     seen.lock().clear();
     lbs.ensure_load_balancer_deleted(CLUSTER, &svc)
