@@ -267,6 +267,15 @@ impl OctaviaLb {
         ServiceLb::for_cleanup(&self.config, svc)
     }
 
+    /// Without `manage-security-groups`: a group left from when it was on is removed. A catalog
+    /// without Neutron (so no group could have been made through it) is not an error here.
+    async fn no_security_group(&self, svc: &Service) -> CloudResult<()> {
+        match self.delete_security_group(svc).await {
+            Err(CloudError::NotImplemented) => Ok(()),
+            other => other,
+        }
+    }
+
     /// What a Service whose annotations are refused still gets: the members of its existing LB
     /// follow `nodes`; nothing else is written. No LB: nothing to do (creating one is refused).
     async fn backends_only(&self, cluster: &str, svc: &Service, nodes: &[Node]) -> CloudResult<()> {
@@ -294,7 +303,7 @@ impl OctaviaLb {
         nodes: &[Node],
     ) -> CloudResult<()> {
         if !self.config.manage_security_groups {
-            return self.delete_security_group(svc).await;
+            return self.no_security_group(svc).await;
         }
         let subnet = opts
             .member_subnet_id
@@ -1243,7 +1252,7 @@ impl LoadBalancer for OctaviaLb {
         // The Service's security group goes last, also when the LB is already gone (a delete
         // that failed after the LB).
         let Some(lb) = self.find(&name, &opts).await? else {
-            return self.delete_security_group(svc).await;
+            return self.no_security_group(svc).await;
         };
         if lb.provisioning_status != "PENDING_DELETE" {
             let lb = self.settle(&lb.id).await?;
@@ -1259,7 +1268,7 @@ impl LoadBalancer for OctaviaLb {
                 .await?;
             }
         }
-        self.delete_security_group(svc).await
+        self.no_security_group(svc).await
     }
 }
 
