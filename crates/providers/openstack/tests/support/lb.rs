@@ -356,6 +356,7 @@ pub async fn scenario(stack: &Stack) {
 
     adopt_upstream_layout(stack, &subnet, lbs.as_ref(), &cloud, &ab).await;
     honoured_annotations(stack, lbs.as_ref(), &ab).await;
+    class_and_ingress_hostname(stack, &subnet, &ab).await;
 
     // Delete: the LBs and their floating IPs are gone.
     for svc in [&one, &service("legacy", &[("TCP", 8080, 30100)], &[])] {
@@ -783,6 +784,59 @@ async fn honoured_annotations(stack: &Stack, lbs: &dyn LoadBalancer, nodes: &[No
     );
     assert_eq!(fips.as_array().expect("list").len(), 0, "{fips}");
     until_done(|| lbs.ensure_load_balancer_deleted(CLUSTER, &nosub))
+        .await
+        .expect("delete");
+}
+
+/// `[LoadBalancerClass "internet"]` with the floating network (none in `[LoadBalancer]`) and
+/// `enable-ingress-hostname`: a Service of that class with `proxy-protocol` gets a floating IP
+/// from the class's network and the ingress hostname `<floating IP>.nip.io`.
+async fn class_and_ingress_hostname(stack: &Stack, subnet: &str, nodes: &[Node]) {
+    let public = stack.env("PUBLIC_NET_ID");
+    let conf = format!(
+        "[LoadBalancer]\nsubnet-id = {subnet}\nenable-ingress-hostname = true\n[LoadBalancerClass \"internet\"]\nfloating-network-id = {public}\n"
+    );
+    let cloud = stack.cloud_with("ccm-secret", &conf);
+    let lbs = cloud.load_balancer().expect("load balancers");
+    let mut svc = service("cls", &[("TCP", 8082, 30182)], &[]);
+    svc.metadata.annotations = Some(
+        [
+            ("loadbalancer.openstack.org/class", "internet"),
+            ("loadbalancer.openstack.org/proxy-protocol", "true"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    );
+    let st = until_done(|| lbs.ensure_load_balancer(CLUSTER, &svc, nodes))
+        .await
+        .expect("class");
+    let lb = json(
+        stack,
+        &[
+            "loadbalancer",
+            "show",
+            "kube_service_kubernetes_default_cls",
+        ],
+    );
+    let fips = json(
+        stack,
+        &[
+            "floating",
+            "ip",
+            "list",
+            "--port",
+            lb["vip_port_id"].as_str().expect("port"),
+        ],
+    );
+    let fip = fips[0]["Floating IP Address"]
+        .as_str()
+        .expect("a floating IP from the class's network");
+    assert_eq!(
+        st.ingress.expect("ingress")[0].hostname.as_deref(),
+        Some(format!("{fip}.nip.io").as_str())
+    );
+    until_done(|| lbs.ensure_load_balancer_deleted(CLUSTER, &svc))
         .await
         .expect("delete");
 }
