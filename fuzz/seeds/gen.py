@@ -105,6 +105,19 @@ def annotation_keys():
             put("metal_annotations", f"{k}={v}\n")
     for v in ["192.0.2.10", "2001:db8::1", "192.0.2.10,2001:db8::1", "10.0.0.0/8", ""]:
         put("metal_annotations", f"spec.loadBalancerIP={v}\n")
+    lbopts = read("crates/providers/openstack/src/lbopts.rs")
+    openstack = sorted(set(re.findall(r'^\s+\(?"([a-z0-9-]+)",', lbopts, re.M)))
+    os_values = ["true", "false", "yes", "10", "-1", "5s", "ROUND_ROBIN", "public-*", "~pub.*",
+                 "!~(", "&a,b", "!a", "internet", "lb.example.com", "1.2.3.4", "https://barbican/x"]
+    for k in openstack:
+        for v in os_values[:: max(1, len(os_values) // 5)]:
+            put("openstack_annotations", f"{k}={v}\n")
+            put("openstack_annotations", f"conf.{k}={v}\n")
+    put("openstack_annotations", 'conf.class "internet" floating-network-id=inet\nclass=internet\n'
+        'floating-subnet=public-*\nspec.loadBalancerSourceRanges=10.0.0.0/8,2001:db8::/32\n'
+        'spec.healthCheckNodePort=32000\n')
+    put("openstack_annotations", "conf.lb-provider=ovn\nx-forwarded-for=true\nkeep-floatingip=yes\n"
+        "default-tls-container-ref=https://barbican/x\nconf.manage-security-groups=true\n")
 
 
 def sushy():

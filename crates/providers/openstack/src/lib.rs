@@ -27,6 +27,7 @@ pub mod lbopts;
 mod nova;
 pub mod octavia;
 mod routes;
+pub mod secgroup;
 mod secret;
 
 pub use cloud::{OpenStackCloud, PROVIDER_NAME, REGIONAL_PROVIDER_ID_ENV, register};

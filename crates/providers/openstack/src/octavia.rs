@@ -260,13 +260,127 @@ impl OctaviaLb {
     fn options(&self, svc: &Service) -> CloudResult<ServiceLb> {
         ServiceLb::new(&self.config, svc)
     }
+
+    /// Options for reading and deleting what exists: a refused or malformed annotation never
+    /// blocks a Service's cleanup (see [`ServiceLb::for_cleanup`]).
+    fn cleanup_options(&self, svc: &Service) -> CloudResult<ServiceLb> {
+        ServiceLb::for_cleanup(&self.config, svc)
+    }
+
+    /// Without `manage-security-groups`: a group left from when it was on is removed. A catalog
+    /// without Neutron (so no group could have been made through it) is not an error here.
+    async fn no_security_group(&self, svc: &Service) -> CloudResult<()> {
+        match self.delete_security_group(svc).await {
+            Err(CloudError::NotImplemented) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// What a Service whose annotations are refused still gets: the members of its existing LB
+    /// follow `nodes`; nothing else is written. No LB: nothing to do (creating one is refused).
+    async fn backends_only(&self, cluster: &str, svc: &Service, nodes: &[Node]) -> CloudResult<()> {
+        let opts = self.cleanup_options(svc)?;
+        let name = lb_name(cluster, svc);
+        let Some(lb) = self.find(&name, &opts).await? else {
+            return Ok(());
+        };
+        self.follow_nodes(&lb, &name, svc, &opts, nodes, false)
+            .await?;
+        if self.config.manage_security_groups {
+            self.security_group(cluster, svc, &lb, &opts, nodes).await?;
+        }
+        Ok(())
+    }
+
+    /// With `manage-security-groups`, the Service's group as wanted; without, none left (as
+    /// upstream: turning the key off removes the groups it made).
+    async fn security_group(
+        &self,
+        cluster: &str,
+        svc: &Service,
+        lb: &Lb,
+        opts: &ServiceLb,
+        nodes: &[Node],
+    ) -> CloudResult<()> {
+        if !self.config.manage_security_groups {
+            return self.no_security_group(svc).await;
+        }
+        let subnet = opts
+            .member_subnet_id
+            .clone()
+            .or_else(|| lb.vip_subnet_id.clone())
+            .ok_or_else(|| {
+                CloudError::Transient(format!("load balancer {} has no VIP subnet yet", lb.id))
+            })?;
+        self.ensure_security_group(cluster, svc, &subnet, nodes)
+            .await
+    }
+
+    /// Each port's pool gets `nodes` as members (one pools listing, then per pool one members
+    /// listing and, when they differ, one batch update). A port without its pool is an error
+    /// when `need_pools` (the ensure builds it), else skipped.
+    async fn follow_nodes(
+        &self,
+        lb: &Lb,
+        name: &str,
+        svc: &Service,
+        opts: &ServiceLb,
+        nodes: &[Node],
+        need_pools: bool,
+    ) -> CloudResult<()> {
+        let ports = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.clone())
+            .unwrap_or_default();
+        let pools: Vec<Value> = self
+            .list(
+                "load-balancer GET /v2/lbaas/pools",
+                &format!("/v2/lbaas/pools?loadbalancer_id={}", enc(&lb.id)),
+                "pools",
+            )
+            .await?;
+        for (i, port) in ports.iter().enumerate() {
+            if port.node_port.unwrap_or(0) == 0 {
+                continue;
+            }
+            let pool_name = named("pool", i, name);
+            let Some(p) = pools
+                .iter()
+                .find(|p| p["name"].as_str() == Some(pool_name.as_str()))
+            else {
+                if need_pools {
+                    return Err(CloudError::Transient(format!(
+                        "pool {pool_name} is missing; the Service is synced again"
+                    )));
+                }
+                continue;
+            };
+            let id = p["id"].as_str().unwrap_or_default().to_string();
+            let want = members(opts, port, nodes, lb.vip_subnet_id.as_deref());
+            self.fix_members(&lb.id, &id, want).await?;
+        }
+        Ok(())
+    }
 }
 
-fn enc(s: &str) -> String {
+/// `network_id=…` with the tag filter of `floating-subnet-tags` (built apart from the async
+/// code: the serializer is not `Send`).
+fn subnet_query(net: &str, tags: Option<&str>) -> String {
+    let mut q = url::form_urlencoded::Serializer::new(String::new());
+    q.append_pair("network_id", net);
+    if let Some(t) = tags {
+        let (key, list) = crate::lbopts::tag_filter(t);
+        q.append_pair(key, &list);
+    }
+    q.finish()
+}
+
+pub(crate) fn enc(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
-fn node_address(node: &Node) -> Option<String> {
+pub(crate) fn node_address(node: &Node) -> Option<String> {
     let addrs = node.status.as_ref()?.addresses.as_ref()?;
     ["InternalIP", "ExternalIP"]
         .iter()
@@ -361,6 +475,17 @@ fn wants(
         .enumerate()
         .map(|(i, p)| {
             let proto = protocol(p)?;
+            // x-forwarded-for: an HTTP listener that adds the header (as upstream).
+            let (listener_proto, pool_proto) = match (opts.x_forwarded_for, proto) {
+                (false, _) => (proto, proto),
+                (true, "TCP") => ("HTTP", "HTTP"),
+                (true, other) => {
+                    return Err(CloudError::Permanent(format!(
+                        "annotation loadbalancer.openstack.org/x-forwarded-for: port {} is {other}; the header needs an HTTP listener on a TCP port",
+                        p.port
+                    )));
+                }
+            };
             if p.node_port.unwrap_or(0) == 0 {
                 return Err(CloudError::Permanent(format!(
                     "port {}: no nodePort allocated yet",
@@ -368,7 +493,7 @@ fn wants(
                 )));
             }
             let mut listener = json!({
-                "name": named("listener", i, name), "protocol": proto, "tags": [name],
+                "name": named("listener", i, name), "protocol": listener_proto, "tags": [name],
                 "protocol_port": p.port, "connection_limit": opts.connection_limit,
                 "allowed_cidrs": if cidrs.is_empty() { Value::Null } else { json!(cidrs) },
             });
@@ -380,9 +505,12 @@ fn wants(
                     listener[*k] = json!(v);
                 }
             }
+            if opts.x_forwarded_for {
+                listener["insert_headers"] = json!({"X-Forwarded-For": "true"});
+            }
             let pool = json!({
                 "name": named("pool", i, name),
-                "protocol": if opts.proxy_protocol { "PROXY" } else { proto },
+                "protocol": if opts.proxy_protocol { "PROXY" } else { pool_proto },
                 "lb_algorithm": opts.lb_method,
                 "session_persistence": if affinity { json!({"type": "SOURCE_IP"}) } else { Value::Null },
             });
@@ -532,6 +660,13 @@ impl OctaviaLb {
                 )));
             }
         }
+        // Removed first: a port whose listener changes protocol (x-forwarded-for: TCP to
+        // HTTP) needs its old listener gone before the new one takes the port.
+        for l in listeners.iter().filter(|l| ours(l, name)) {
+            if !wanted.contains(&(l.protocol.clone(), i64::from(l.protocol_port))) {
+                self.remove_listener(id, l).await?;
+            }
+        }
         for w in wants {
             let key = key_of(&w.listener);
             let have = listeners.iter().zip(&listeners_raw).find(|(l, _)| {
@@ -540,11 +675,6 @@ impl OctaviaLb {
             match have {
                 None => self.add_listener(id, w).await?,
                 Some((l, raw)) => self.fix_listener(id, l, raw, &pools, w).await?,
-            }
-        }
-        for l in listeners.iter().filter(|l| ours(l, name)) {
-            if !wanted.contains(&(l.protocol.clone(), i64::from(l.protocol_port))) {
-                self.remove_listener(id, l).await?;
             }
         }
         Ok(())
@@ -841,7 +971,7 @@ impl OctaviaLb {
         lb: &Lb,
         svc: &Service,
         net: &str,
-        subnet: Option<&str>,
+        opts: &ServiceLb,
     ) -> CloudResult<String> {
         let port = lb.vip_port_id.as_deref().ok_or_else(|| {
             CloudError::Transient(format!("load balancer {} has no VIP port yet", lb.id))
@@ -878,6 +1008,7 @@ impl OctaviaLb {
                 return Ok(f.floating_ip_address);
             }
         }
+        let subnet = self.floating_subnet(net, opts).await?;
         let mut body = json!({"floating_network_id": net, "port_id": port,
             "description": format!("Floating IP for Kubernetes external service {} from cluster", lb.name)});
         if let Some(s) = subnet {
@@ -897,6 +1028,45 @@ impl OctaviaLb {
             .await?
             .field(op, "floatingip")?;
         Ok(f.floating_ip_address)
+    }
+
+    /// The floating IP's subnet: `floating-subnet-id`, else the first subnet of the floating
+    /// network (Neutron's order) whose name matches `floating-subnet` and whose tags pass
+    /// `floating-subnet-tags` (Neutron filters them); none matching is an error, never a
+    /// subnet the Service did not ask for.
+    async fn floating_subnet(&self, net: &str, opts: &ServiceLb) -> CloudResult<Option<String>> {
+        if opts.floating_subnet_id.is_some() {
+            return Ok(opts.floating_subnet_id.clone());
+        }
+        if opts.floating_subnet.is_none() && opts.floating_subnet_tags.is_none() {
+            return Ok(None);
+        }
+        let matcher = opts
+            .floating_subnet
+            .as_deref()
+            .map(crate::lbopts::name_matcher)
+            .transpose()
+            .map_err(|e| CloudError::Permanent(format!("floating-subnet: expected {e}")))?;
+        let query = subnet_query(net, opts.floating_subnet_tags.as_deref());
+        let op = "network GET /v2.0/subnets";
+        let subnets: Vec<Value> = self
+            .neutron(op, Method::GET, &format!("/v2.0/subnets?{query}"), None)
+            .await?
+            .field(op, "subnets")?;
+        subnets
+            .iter()
+            .find(|s| {
+                let name = s["name"].as_str().unwrap_or_default();
+                matcher.as_ref().is_none_or(|m| m(name))
+            })
+            .and_then(|s| s["id"].as_str().map(|id| Some(id.to_string())))
+            .ok_or_else(|| {
+                CloudError::Permanent(format!(
+                    "no subnet of floating network {net} matches floating-subnet {:?} and floating-subnet-tags {:?}",
+                    opts.floating_subnet.as_deref().unwrap_or(""),
+                    opts.floating_subnet_tags.as_deref().unwrap_or("")
+                ))
+            })
     }
 
     /// Deletes the VIP's floating IP, or only detaches it when the Service keeps it.
@@ -940,16 +1110,31 @@ impl OctaviaLb {
         {
             ip = f.floating_ip_address;
         }
-        Ok(ingress(ip))
+        Ok(ingress(opts, ip))
     }
 }
 
-fn ingress(ip: String) -> LoadBalancerStatus {
-    LoadBalancerStatus {
-        ingress: Some(vec![LoadBalancerIngress {
+/// The Service's ingress, as upstream: the `hostname` annotation if set; with PROXY protocol
+/// and `enable-ingress-hostname`, `<address>.<ingress-hostname-suffix>`; else the address.
+fn ingress(opts: &ServiceLb, ip: String) -> LoadBalancerStatus {
+    let one = if let Some(h) = &opts.hostname {
+        LoadBalancerIngress {
+            hostname: Some(h.clone()),
+            ..Default::default()
+        }
+    } else if let (true, Some(suffix)) = (opts.proxy_protocol, &opts.ingress_hostname_suffix) {
+        LoadBalancerIngress {
+            hostname: Some(format!("{ip}.{suffix}")),
+            ..Default::default()
+        }
+    } else {
+        LoadBalancerIngress {
             ip: Some(ip),
             ..Default::default()
-        }]),
+        }
+    };
+    LoadBalancerStatus {
+        ingress: Some(vec![one]),
     }
 }
 
@@ -960,7 +1145,7 @@ impl LoadBalancer for OctaviaLb {
         cluster: &str,
         svc: &Service,
     ) -> CloudResult<Option<LoadBalancerStatus>> {
-        let opts = self.options(svc)?;
+        let opts = self.cleanup_options(svc)?;
         let Some(lb) = self.find(&lb_name(cluster, svc), &opts).await? else {
             return Ok(None);
         };
@@ -977,7 +1162,17 @@ impl LoadBalancer for OctaviaLb {
         svc: &Service,
         nodes: &[Node],
     ) -> CloudResult<LoadBalancerStatus> {
-        let opts = self.options(svc)?;
+        let opts = match self.options(svc) {
+            Ok(o) => o,
+            Err(e) => {
+                // The error becomes the Service's Warning Event; an LB that exists keeps
+                // serving the Nodes there are. Only a new LB is refused.
+                if let Err(b) = self.backends_only(cluster, svc, nodes).await {
+                    tracing::warn!(service = ?svc.metadata.name, error = %b, "members of a load balancer with refused annotations");
+                }
+                return Err(e);
+            }
+        };
         let name = lb_name(cluster, svc);
         let (lb, created) = match self.find(&name, &opts).await? {
             Some(lb) => (lb, false),
@@ -994,19 +1189,32 @@ impl LoadBalancer for OctaviaLb {
         };
         let lb = self.settle(&lb.id).await?;
         if !created {
-            let w = wants(&opts, &name, svc, nodes, lb.vip_subnet_id.as_deref())?;
+            let w = match wants(&opts, &name, svc, nodes, lb.vip_subnet_id.as_deref()) {
+                Ok(w) => w,
+                Err(e) => {
+                    // A port the LB cannot serve as asked: reported, and the members still
+                    // follow the Nodes.
+                    if let Err(b) = self
+                        .follow_nodes(&lb, &name, svc, &opts, nodes, false)
+                        .await
+                    {
+                        tracing::warn!(lb = %name, error = %b, "members of a load balancer whose Service is refused");
+                    }
+                    return Err(e);
+                }
+            };
             self.reconcile(&lb, &name, w).await?;
         }
         // A shared LB's floating IP is its owner's.
-        match &opts.floating_network_id {
+        let status = match &opts.floating_network_id {
             Some(net) if lb.name == name => {
-                let ip = self
-                    .ensure_fip(&lb, svc, net, opts.floating_subnet_id.as_deref())
-                    .await?;
-                Ok(ingress(ip))
+                let ip = self.ensure_fip(&lb, svc, net, &opts).await?;
+                ingress(&opts, ip)
             }
-            _ => self.status(&lb, &opts).await,
-        }
+            _ => self.status(&lb, &opts).await?,
+        };
+        self.security_group(cluster, svc, &lb, &opts, nodes).await?;
+        Ok(status)
     }
 
     async fn update_load_balancer(
@@ -1015,58 +1223,52 @@ impl LoadBalancer for OctaviaLb {
         svc: &Service,
         nodes: &[Node],
     ) -> CloudResult<()> {
-        let opts = self.options(svc)?;
+        let opts = match self.options(svc) {
+            Ok(o) => o,
+            Err(e) => {
+                // A refused or malformed annotation never stops the members following the
+                // Nodes: the ensure reports it (a Warning Event) and retries.
+                tracing::warn!(service = ?svc.metadata.name, error = %e, "updating only the members");
+                return self.backends_only(cluster, svc, nodes).await;
+            }
+        };
         let name = lb_name(cluster, svc);
         let Some(lb) = self.find(&name, &opts).await? else {
             return Err(CloudError::Transient(format!(
                 "load balancer {name} does not exist yet"
             )));
         };
-        let w = wants(&opts, &name, svc, nodes, lb.vip_subnet_id.as_deref())?;
-        let pools: Vec<Value> = self
-            .list(
-                "load-balancer GET /v2/lbaas/pools",
-                &format!("/v2/lbaas/pools?loadbalancer_id={}", enc(&lb.id)),
-                "pools",
-            )
+        self.follow_nodes(&lb, &name, svc, &opts, nodes, true)
             .await?;
-        for want in w {
-            let pool_name = want.pool["name"].as_str().unwrap_or_default().to_string();
-            let Some(p) = pools
-                .iter()
-                .find(|p| p["name"].as_str() == Some(pool_name.as_str()))
-            else {
-                // A port without its pool: ensure_load_balancer builds it.
-                return Err(CloudError::Transient(format!(
-                    "pool {pool_name} is missing; the Service is synced again"
-                )));
-            };
-            let id = p["id"].as_str().unwrap_or_default().to_string();
-            self.fix_members(&lb.id, &id, want.members).await?;
+        if self.config.manage_security_groups {
+            self.security_group(cluster, svc, &lb, &opts, nodes).await?;
         }
         Ok(())
     }
 
     async fn ensure_load_balancer_deleted(&self, cluster: &str, svc: &Service) -> CloudResult<()> {
-        let opts = self.options(svc)?;
+        let opts = self.cleanup_options(svc)?;
         let name = lb_name(cluster, svc);
+        // The Service's security group goes last, also when the LB is already gone (a delete
+        // that failed after the LB).
         let Some(lb) = self.find(&name, &opts).await? else {
-            return Ok(());
+            return self.no_security_group(svc).await;
         };
-        if lb.provisioning_status == "PENDING_DELETE" {
-            return Ok(());
+        if lb.provisioning_status != "PENDING_DELETE" {
+            let lb = self.settle(&lb.id).await?;
+            if lb.name != name {
+                // Shared: only this Service's listeners go.
+                self.reconcile_delete_listeners(&lb, &name).await?;
+            } else {
+                self.release_fip(&lb, svc, &opts).await?;
+                self.delete(
+                    "load-balancer DELETE /v2/lbaas/loadbalancers/{id}",
+                    &format!("/v2/lbaas/loadbalancers/{}?cascade=true", enc(&lb.id)),
+                )
+                .await?;
+            }
         }
-        let lb = self.settle(&lb.id).await?;
-        if lb.name != name {
-            // Shared: only this Service's listeners go.
-            return self.reconcile_delete_listeners(&lb, &name).await;
-        }
-        self.release_fip(&lb, svc, &opts).await?;
-        self.delete(
-            "load-balancer DELETE /v2/lbaas/loadbalancers/{id}",
-            &format!("/v2/lbaas/loadbalancers/{}?cascade=true", enc(&lb.id)),
-        )
-        .await
+        self.no_security_group(svc).await
     }
 }
 
@@ -1111,5 +1313,82 @@ mod tests {
         );
         let want = json!({"allowed_cidrs": ["10.0.0.0/8"]});
         assert!(differing(&want, &have, &["allowed_cidrs"]).is_some());
+    }
+
+    fn web(anns: &[(&str, &str)]) -> Service {
+        let mut s = Service::default();
+        s.metadata.namespace = Some("ns".into());
+        s.metadata.name = Some("web".into());
+        s.metadata.annotations = Some(
+            anns.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        s.spec = Some(ccm_cloud::k8s_openapi::api::core::v1::ServiceSpec {
+            ports: Some(vec![ServicePort {
+                protocol: Some("TCP".into()),
+                port: 80,
+                node_port: Some(30080),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        s
+    }
+
+    #[test]
+    fn x_forwarded_for_makes_http_listeners_that_add_the_header() {
+        let cfg = LbConfig::default();
+        let svc = web(&[("loadbalancer.openstack.org/x-forwarded-for", "true")]);
+        let opts = ServiceLb::new(&cfg, &svc).expect("honoured");
+        let w = wants(&opts, "lb", &svc, &[], None).expect("wants");
+        assert_eq!(w[0].listener["protocol"], "HTTP");
+        assert_eq!(
+            w[0].listener["insert_headers"],
+            json!({"X-Forwarded-For": "true"})
+        );
+        assert_eq!(w[0].pool["protocol"], "HTTP");
+        let plain = web(&[]);
+        let opts = ServiceLb::new(&cfg, &plain).expect("plain");
+        let w = wants(&opts, "lb", &plain, &[], None).expect("wants");
+        assert_eq!(w[0].listener["protocol"], "TCP");
+        assert!(w[0].listener.get("insert_headers").is_none());
+    }
+
+    #[test]
+    fn the_ingress_is_the_hostname_when_asked() {
+        let cfg = LbConfig {
+            enable_ingress_hostname: true,
+            ..LbConfig::default()
+        };
+        let ip = || "203.0.113.5".to_string();
+        let h = ServiceLb::new(
+            &cfg,
+            &web(&[("loadbalancer.openstack.org/hostname", "lb.example.com")]),
+        )
+        .expect("ok");
+        let st = ingress(&h, ip());
+        let i = &st.ingress.expect("ingress")[0];
+        assert_eq!(
+            (i.hostname.as_deref(), i.ip.as_deref()),
+            (Some("lb.example.com"), None)
+        );
+        let proxy = ServiceLb::new(
+            &cfg,
+            &web(&[("loadbalancer.openstack.org/proxy-protocol", "true")]),
+        )
+        .expect("ok");
+        let st = ingress(&proxy, ip());
+        assert_eq!(
+            st.ingress.expect("ingress")[0].hostname.as_deref(),
+            Some("203.0.113.5.nip.io")
+        );
+        let plain = ServiceLb::new(&cfg, &web(&[])).expect("ok");
+        assert_eq!(
+            ingress(&plain, ip()).ingress.expect("ingress")[0]
+                .ip
+                .as_deref(),
+            Some("203.0.113.5")
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! Routes against the real Neutron of testenv/stack.sh, then the conformance suite against the
-//! whole stack, on one stack start (~95 s).
+//! whole stack, the load-balancer and security-group scenarios (support/lb.rs) and the Nova
+//! instances checks (support/nova.rs), on one stack start.
 //!
 //! Routes: a network, subnet and router with an interface on it, made with the real
 //! `openstack` client; "Nodes" are Nova servers (fake driver, no NIC) each holding a Neutron
@@ -304,6 +305,8 @@ async fn neutron_routes_and_conformance_on_one_stack() {
     conformance(&stack, &net).await;
     // Octavia load balancers on the same stack (one stack start for CI).
     support::lb::scenario(&stack).await;
+    support::lb::security_group_scenario(&stack).await;
+    let (instances, nova_nodes) = support::nova::instances_scenario(&stack).await;
 
     // … and a Neutron that does not answer.
     r.create_route(k, "uid-a", &route("node-a", "10.20.0.11", CIDR_A))
@@ -329,6 +332,7 @@ async fn neutron_routes_and_conformance_on_one_stack() {
             .await
             .is_err()
     );
+    support::nova::nova_down(&stack, &instances, &nova_nodes).await;
     drop(stack);
     eprintln!("wall time: {:?}", t0.elapsed());
 }

@@ -305,6 +305,32 @@ pub async fn scenario(stack: &Stack) {
         vec![("10.1.0.11".into(), 30053), ("10.1.0.13".into(), 30053)]
     );
 
+    // A refused annotation on the existing LB: the ensure is an error naming it (the
+    // controller's Warning Event), and the members still follow the Nodes.
+    let mut refused = web.clone();
+    refused.metadata.annotations = Some(
+        [(
+            "loadbalancer.openstack.org/default-tls-container-ref".to_string(),
+            "https://barbican.example/v1/containers/x".to_string(),
+        )]
+        .into(),
+    );
+    let e = until_done(|| lbs.ensure_load_balancer(CLUSTER, &refused, &ab))
+        .await
+        .expect_err("refused");
+    assert!(e.to_string().contains("default-tls-container-ref"), "{e}");
+    assert_eq!(
+        members(stack, &web_pools[0].1),
+        vec![("10.1.0.11".into(), 30080), ("10.1.0.12".into(), 30080)]
+    );
+    until_done(|| lbs.update_load_balancer(CLUSTER, &refused, &ac))
+        .await
+        .expect("members follow the Nodes despite the refused annotation");
+    assert_eq!(
+        members(stack, &web_pools[0].1),
+        vec![("10.1.0.11".into(), 30080), ("10.1.0.13".into(), 30080)]
+    );
+
     // Narrower source ranges: the listeners admit exactly the new set.
     let narrow = service(
         "web",
@@ -329,6 +355,8 @@ pub async fn scenario(stack: &Stack) {
     assert_eq!(pools(stack, name), vec![web_pools[0].clone()]);
 
     adopt_upstream_layout(stack, &subnet, lbs.as_ref(), &cloud, &ab).await;
+    honoured_annotations(stack, lbs.as_ref(), &ab).await;
+    class_and_ingress_hostname(stack, &subnet, &ab).await;
 
     // Delete: the LBs and their floating IPs are gone.
     for svc in [&one, &service("legacy", &[("TCP", 8080, 30100)], &[])] {
@@ -456,4 +484,359 @@ async fn adopt_upstream_layout(
         members(stack, &pool),
         vec![("10.1.0.11".into(), 30100), ("10.1.0.12".into(), 30100)]
     );
+}
+
+/// `manage-security-groups = true` on the real Neutron: the Service's group admits exactly its
+/// NodePorts (and health-check NodePort) from the members' subnet, sits on the member Nodes'
+/// ports and on no other, loses a removed port's rule, and is gone after the delete; groups it
+/// did not make stay where they are.
+pub async fn security_group_scenario(stack: &Stack) {
+    let t0 = std::time::Instant::now();
+    let net = stack.openstack(&["network", "create", "-f", "value", "-c", "id", "sg-net"]);
+    let subnet = stack.openstack(&[
+        "subnet",
+        "create",
+        "--network",
+        &net,
+        "--subnet-range",
+        "10.2.0.0/24",
+        "-f",
+        "value",
+        "-c",
+        "id",
+        "sg-sub",
+    ]);
+    // The Nodes' ports: device ids stand for their servers (the providerIDs name them).
+    let mut ports = Vec::new();
+    for (i, dev) in ["a", "b", "c"].iter().enumerate() {
+        let device = format!("00000000-0000-4000-8000-00000000000{i}");
+        let id = stack.openstack(&[
+            "port",
+            "create",
+            "--network",
+            &net,
+            "--fixed-ip",
+            &format!("subnet={subnet},ip-address=10.2.0.1{i}"),
+            "--device",
+            &device,
+            "--device-owner",
+            "compute:nova",
+            "-f",
+            "value",
+            "-c",
+            "id",
+            &format!("sg-port-{dev}"),
+        ]);
+        let mut n = node(&format!("sg-node-{dev}"), &format!("10.2.0.1{i}"));
+        n.spec = Some(ccm_cloud::k8s_openapi::api::core::v1::NodeSpec {
+            provider_id: Some(format!("openstack:///{device}")),
+            ..Default::default()
+        });
+        ports.push((id, n));
+    }
+    // A group of the operator's on port a: never touched.
+    let theirs = stack.openstack(&[
+        "security",
+        "group",
+        "create",
+        "-f",
+        "value",
+        "-c",
+        "id",
+        "operators-own",
+    ]);
+    stack.openstack(&["port", "set", "--security-group", &theirs, &ports[0].0]);
+    let conf = format!("[LoadBalancer]\nsubnet-id = {subnet}\nmanage-security-groups = true\n");
+    let cloud = stack.cloud_with("ccm-secret", &conf);
+    let lbs = cloud.load_balancer().expect("load balancers");
+    let groups_of = |port: &str| -> Vec<String> {
+        let v = json(stack, &["port", "show", port]);
+        let mut g: Vec<String> = v["security_group_ids"]
+            .as_array()
+            .expect("groups")
+            .iter()
+            .filter_map(|x| x.as_str().map(str::to_string))
+            .collect();
+        g.sort();
+        g
+    };
+    let tags_of = |port: &str| -> Vec<String> {
+        let v = json(stack, &["port", "show", port]);
+        v["tags"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // (direction, ethertype, protocol, remote prefix, min port, max port) of the group's rules.
+    let rules_of = |sg: &str| -> Vec<String> {
+        let list = json(stack, &["security", "group", "rule", "list", "--long", sg]);
+        let mut out: Vec<String> = list
+            .as_array()
+            .expect("rules")
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} {} {} {}",
+                    r["Direction"].as_str().unwrap_or("-"),
+                    r["Ethertype"].as_str().unwrap_or("-"),
+                    r["IP Protocol"].as_str().unwrap_or("any"),
+                    r["IP Range"].as_str().unwrap_or("-"),
+                    r["Port Range"].as_str().unwrap_or("-"),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let default_of_a = groups_of(&ports[0].0);
+
+    let mut svc = service("sgweb", &[("TCP", 80, 30080), ("UDP", 53, 30053)], &[]);
+    if let Some(s) = svc.spec.as_mut() {
+        s.health_check_node_port = Some(32000);
+        s.external_traffic_policy = Some("Local".into());
+    }
+    let ab = [ports[0].1.clone(), ports[1].1.clone()];
+    let before = cloud.api_calls();
+    until_done(|| lbs.ensure_load_balancer(CLUSTER, &svc, &ab))
+        .await
+        .expect("ensure");
+    let d = delta(&cloud, &before);
+    eprintln!("create with security group: {} calls {d:?}", total(&d));
+    let sg_name = "lb-sg-uid-sgweb-default-sgweb";
+    let sg = json(stack, &["security", "group", "show", sg_name]);
+    assert_eq!(
+        sg["description"],
+        "Security Group for default/sgweb Service LoadBalancer in cluster kubernetes"
+    );
+    let sg = sg["id"].as_str().expect("id").to_string();
+    assert_eq!(
+        rules_of(&sg),
+        vec![
+            "ingress IPv4 tcp 10.2.0.0/24 30080:30080".to_string(),
+            "ingress IPv4 tcp 10.2.0.0/24 32000:32000".to_string(),
+            "ingress IPv4 udp 10.2.0.0/24 30053:30053".to_string(),
+        ],
+        "exactly the NodePorts and the health-check NodePort, from the members' subnet"
+    );
+    let mut want_a = default_of_a.clone();
+    want_a.push(sg.clone());
+    want_a.sort();
+    assert_eq!(groups_of(&ports[0].0), want_a);
+    assert!(groups_of(&ports[1].0).contains(&sg));
+    assert!(!groups_of(&ports[2].0).contains(&sg));
+    assert_eq!(tags_of(&ports[1].0), vec![sg.clone()]);
+
+    // A steady ensure writes nothing.
+    let before = cloud.api_calls();
+    until_done(|| lbs.ensure_load_balancer(CLUSTER, &svc, &ab))
+        .await
+        .expect("steady");
+    let d = delta(&cloud, &before);
+    eprintln!(
+        "steady ensure with security group: {} calls {d:?}",
+        total(&d)
+    );
+    assert!(d.keys().all(|k| k.contains(" GET ")), "{d:?}");
+
+    // Node b leaves, c joins (the Node-change update): the group follows the members.
+    let ac = [ports[0].1.clone(), ports[2].1.clone()];
+    until_done(|| lbs.update_load_balancer(CLUSTER, &svc, &ac))
+        .await
+        .expect("update");
+    assert!(!groups_of(&ports[1].0).contains(&sg));
+    assert!(tags_of(&ports[1].0).is_empty());
+    assert!(groups_of(&ports[2].0).contains(&sg));
+
+    // The UDP port and the health-check NodePort go: their rules are revoked.
+    let mut one = service("sgweb", &[("TCP", 80, 30080)], &[]);
+    one.metadata.uid = svc.metadata.uid.clone();
+    until_done(|| lbs.ensure_load_balancer(CLUSTER, &one, &ac))
+        .await
+        .expect("one port");
+    assert_eq!(
+        rules_of(&sg),
+        vec!["ingress IPv4 tcp 10.2.0.0/24 30080:30080".to_string()]
+    );
+
+    // Delete: no LB, no group, the ports as they were; the operator's group untouched.
+    until_done(|| lbs.ensure_load_balancer_deleted(CLUSTER, &one))
+        .await
+        .expect("delete");
+    let groups = json(stack, &["security", "group", "list"]);
+    let names: Vec<&str> = groups
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|g| g["Name"].as_str())
+        .collect();
+    assert!(!names.contains(&sg_name), "{names:?}");
+    assert!(names.contains(&"operators-own"), "{names:?}");
+    assert_eq!(groups_of(&ports[0].0), default_of_a);
+    assert!(groups_of(&ports[0].0).contains(&theirs));
+    for (p, _) in &ports {
+        assert!(tags_of(p).is_empty(), "{p}: {:?}", tags_of(p));
+    }
+    assert_eq!(
+        lbs.ensure_load_balancer_deleted(CLUSTER, &one).await,
+        Ok(()),
+        "deleting what is gone is done"
+    );
+    eprintln!("security-group scenario: {:?}", t0.elapsed());
+}
+
+/// `x-forwarded-for`, `hostname` and `floating-subnet` on the real Octavia and Neutron: an
+/// HTTP listener adding the header (and back to TCP when the annotation goes), the hostname as
+/// the ingress, the floating IP from the subnet the pattern names — and none when no subnet
+/// matches.
+async fn honoured_annotations(stack: &Stack, lbs: &dyn LoadBalancer, nodes: &[Node]) {
+    let with = |anns: &[(&str, &str)]| {
+        let mut s = service("xff", &[("TCP", 8080, 30180)], &[]);
+        s.metadata.annotations = Some(
+            anns.iter()
+                .map(|(k, v)| (format!("loadbalancer.openstack.org/{k}"), v.to_string()))
+                .collect(),
+        );
+        s
+    };
+    let xff = with(&[
+        ("x-forwarded-for", "true"),
+        ("hostname", "xff.example.com"),
+        ("floating-subnet", "public-*"),
+    ]);
+    let st = until_done(|| lbs.ensure_load_balancer(CLUSTER, &xff, nodes))
+        .await
+        .expect("x-forwarded-for");
+    let ing = &st.ingress.expect("ingress")[0];
+    assert_eq!(
+        (ing.hostname.as_deref(), ing.ip.as_deref()),
+        (Some("xff.example.com"), None)
+    );
+    let name = "kube_service_kubernetes_default_xff";
+    let listener = |stack: &Stack| {
+        let l = json(
+            stack,
+            &["loadbalancer", "listener", "list", "--loadbalancer", name],
+        );
+        let id = l[0]["id"].as_str().expect("id").to_string();
+        json(stack, &["loadbalancer", "listener", "show", &id])
+    };
+    let l = listener(stack);
+    assert_eq!(l["protocol"], "HTTP", "{l}");
+    assert_eq!(l["insert_headers"]["X-Forwarded-For"], "true", "{l}");
+    let lb = json(stack, &["loadbalancer", "show", name]);
+    let fips = json(
+        stack,
+        &[
+            "floating",
+            "ip",
+            "list",
+            "--port",
+            lb["vip_port_id"].as_str().expect("port"),
+        ],
+    );
+    assert_eq!(fips.as_array().expect("list").len(), 1, "{fips}");
+
+    // The annotation goes: the listener is TCP again.
+    let plain = with(&[("hostname", "xff.example.com")]);
+    until_done(|| lbs.ensure_load_balancer(CLUSTER, &plain, nodes))
+        .await
+        .expect("back to TCP");
+    let l = listener(stack);
+    assert_eq!(l["protocol"], "TCP", "{l}");
+    until_done(|| lbs.ensure_load_balancer_deleted(CLUSTER, &plain))
+        .await
+        .expect("delete");
+
+    // No subnet of the floating network matches: an error naming it, no floating IP.
+    let mut nosub = service("nosub", &[("TCP", 8081, 30181)], &[]);
+    nosub.metadata.annotations = Some(
+        [(
+            "loadbalancer.openstack.org/floating-subnet".to_string(),
+            "nomatch-*".to_string(),
+        )]
+        .into(),
+    );
+    let e = until_done(|| lbs.ensure_load_balancer(CLUSTER, &nosub, nodes))
+        .await
+        .expect_err("no matching subnet");
+    assert!(e.to_string().contains("floating-subnet"), "{e}");
+    let lb = json(
+        stack,
+        &[
+            "loadbalancer",
+            "show",
+            "kube_service_kubernetes_default_nosub",
+        ],
+    );
+    let fips = json(
+        stack,
+        &[
+            "floating",
+            "ip",
+            "list",
+            "--port",
+            lb["vip_port_id"].as_str().expect("port"),
+        ],
+    );
+    assert_eq!(fips.as_array().expect("list").len(), 0, "{fips}");
+    until_done(|| lbs.ensure_load_balancer_deleted(CLUSTER, &nosub))
+        .await
+        .expect("delete");
+}
+
+/// `[LoadBalancerClass "internet"]` with the floating network (none in `[LoadBalancer]`) and
+/// `enable-ingress-hostname`: a Service of that class with `proxy-protocol` gets a floating IP
+/// from the class's network and the ingress hostname `<floating IP>.nip.io`.
+async fn class_and_ingress_hostname(stack: &Stack, subnet: &str, nodes: &[Node]) {
+    let public = stack.env("PUBLIC_NET_ID");
+    let conf = format!(
+        "[LoadBalancer]\nsubnet-id = {subnet}\nenable-ingress-hostname = true\n[LoadBalancerClass \"internet\"]\nfloating-network-id = {public}\n"
+    );
+    let cloud = stack.cloud_with("ccm-secret", &conf);
+    let lbs = cloud.load_balancer().expect("load balancers");
+    let mut svc = service("cls", &[("TCP", 8082, 30182)], &[]);
+    svc.metadata.annotations = Some(
+        [
+            ("loadbalancer.openstack.org/class", "internet"),
+            ("loadbalancer.openstack.org/proxy-protocol", "true"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    );
+    let st = until_done(|| lbs.ensure_load_balancer(CLUSTER, &svc, nodes))
+        .await
+        .expect("class");
+    let lb = json(
+        stack,
+        &[
+            "loadbalancer",
+            "show",
+            "kube_service_kubernetes_default_cls",
+        ],
+    );
+    let fips = json(
+        stack,
+        &[
+            "floating",
+            "ip",
+            "list",
+            "--port",
+            lb["vip_port_id"].as_str().expect("port"),
+        ],
+    );
+    let fip = fips[0]["Floating IP Address"]
+        .as_str()
+        .expect("a floating IP from the class's network");
+    assert_eq!(
+        st.ingress.expect("ingress")[0].hostname.as_deref(),
+        Some(format!("{fip}.nip.io").as_str())
+    );
+    until_done(|| lbs.ensure_load_balancer_deleted(CLUSTER, &svc))
+        .await
+        .expect("delete");
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod lb;
+pub mod nova;
 
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};

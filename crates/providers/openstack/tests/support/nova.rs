@@ -1,33 +1,25 @@
-//! The provider against a real OpenStack started on 127.0.0.1 by testenv/stack.sh (Keystone,
-//! Nova on the fake virt driver, Neutron ML2 without agents, Placement, Glance; RabbitMQ and
-//! MariaDB from Debian): servers booted and stopped and deleted with the real `openstack`
-//! client, the provider answering many Nodes with one servers listing; a stopped server is
-//! shut down, a deleted one gone, and an unreachable Nova or refused credentials are errors,
-//! never "gone".
-
-mod support;
+//! Instances (Nova) on the shared stack of tests/neutron.rs: servers booted, stopped and
+//! deleted with the real `openstack` client, the provider answering many Nodes with one
+//! servers listing; a stopped server is shut down, a deleted one gone, and an unreachable Nova
+//! or refused credentials are errors, never "gone".
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ccm_cloud::Instances;
+use ccm_cloud::k8s_openapi::api::core::v1::{Node, NodeSpec};
 use ccm_provider_openstack::OpenStackCloud;
-use k8s_openapi::api::core::v1::{Node, NodeSpec};
-use kube::api::ObjectMeta;
-use support::start_stack;
+
+use super::Stack;
 
 fn node(name: &str, provider_id: Option<String>) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        spec: Some(NodeSpec {
-            provider_id,
-            ..Default::default()
-        }),
+    let mut n = Node::default();
+    n.metadata.name = Some(name.into());
+    n.spec = Some(NodeSpec {
+        provider_id,
         ..Default::default()
-    }
+    });
+    n
 }
 
 fn calls(c: &OpenStackCloud, op: &str) -> u64 {
@@ -37,19 +29,17 @@ fn calls(c: &OpenStackCloud, op: &str) -> u64 {
 const LIST: &str = "compute GET /servers/detail";
 const GET: &str = "compute GET /servers/{id}";
 
-#[tokio::test(flavor = "multi_thread")]
-async fn nova_instances_batched_shutdown_gone_and_errors() {
-    let stack = tokio::task::spawn_blocking(start_stack)
-        .await
-        .expect("start");
-    let ids: Vec<String> = ["node-a", "node-b", "node-c"]
+/// Batched metadata and status, `SHUTOFF`, a deleted server gone after Nova's own 404, wrong
+/// credentials an error. Returns the provider and the Nodes for [`nova_down`].
+pub async fn instances_scenario(stack: &Stack) -> (OpenStackCloud, Vec<Node>) {
+    let ids: Vec<String> = ["nova-a", "nova-b", "nova-c"]
         .iter()
         .map(|n| stack.boot(n))
         .collect();
     let nodes = vec![
-        node("node-a", Some(format!("openstack:///{}", ids[0]))),
-        node("node-b", None),
-        node("node-c", Some(format!("openstack://RegionOne/{}", ids[2]))),
+        node("nova-a", Some(format!("openstack:///{}", ids[0]))),
+        node("nova-b", None),
+        node("nova-c", Some(format!("openstack://RegionOne/{}", ids[2]))),
     ];
     let cloud = stack.cloud("ccm-secret");
     cloud.check().await.expect("compute in the catalog");
@@ -106,17 +96,20 @@ async fn nova_instances_batched_shutdown_gone_and_errors() {
         assert!(r.is_err(), "{r:?}");
     }
 
-    // Nova's API down: errors, never gone.
+    (cloud, nodes)
+}
+
+/// Nova's API stopped: errors for every Node, never gone. Stops Nova: run it last.
+pub async fn nova_down(stack: &Stack, cloud: &OpenStackCloud, nodes: &[Node]) {
     let pid = std::fs::read_to_string(stack.dir.join("nova.gpid")).expect("nova pid");
     let _ = Command::new("kill").arg(pid.trim()).status();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let r = cloud.instances_status(&nodes).await;
+        let r = cloud.instances_status(nodes).await;
         if r.iter().all(|r| r.is_err()) {
             break;
         }
         assert!(Instant::now() < deadline, "Nova still answering: {r:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    drop(stack);
 }
