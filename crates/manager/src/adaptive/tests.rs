@@ -233,3 +233,22 @@ fn watches_and_streams_are_not_sampled() {
         Some(Class::Write)
     );
 }
+
+#[test]
+fn the_limit_and_the_baseline_are_exported() {
+    let mut registry = Registry::default();
+    let metrics = AdaptiveMetrics::new(&mut registry);
+    let baseline = Baseline::with_metrics(metrics.clone());
+    let limit = AdaptiveLimit::new(baseline.clone(), FLOOR, CEILING).reported(&metrics, "node");
+    let now = Instant::now();
+    baseline.observe(Class::Write, Duration::from_millis(8), now);
+    limit.on_throttled(None, now);
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+    for line in [
+        r#"ccm_rest_client_in_flight_limit{client="node"} 32"#,
+        r#"ccm_rest_client_latency_baseline_seconds{class="write"} 0.008"#,
+    ] {
+        assert!(out.contains(line), "missing {line} in\n{out}");
+    }
+}
