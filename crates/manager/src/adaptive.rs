@@ -299,10 +299,14 @@ impl AdaptiveLimit {
     }
 
     /// The server answered 429: halve the limit and hold it until `retry_after` has passed.
+    /// More 429s within the hold only extend it: the requests that were already in flight when
+    /// the server pushed back are one signal, as TCP reduces its window once per loss episode.
     pub fn on_throttled(&self, retry_after: Option<Duration>, now: Instant) {
         let mut s = self.state.lock();
-        s.limit = (s.limit / 2.0).max(self.floor as f64);
-        s.last_decrease = Some(now);
+        if s.hold_until.is_none_or(|t| now >= t) {
+            s.limit = (s.limit / 2.0).max(self.floor as f64);
+            s.last_decrease = Some(now);
+        }
         let until = now + retry_after.unwrap_or(DEFAULT_RETRY_AFTER);
         s.hold_until = Some(s.hold_until.map_or(until, |t| t.max(until)));
         self.publish(&mut s);

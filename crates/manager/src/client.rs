@@ -250,8 +250,9 @@ fn build(
         USER_AGENT,
         HeaderValue::from_str(user_agent).context("user agent")?,
     ));
-    // Inside kube-rs's retry layer (HTTP/2 connections), each 429 reaches the adaptive limit,
-    // also those the retry layer waits out.
+    // Inside kube-rs's retry layer (HTTPS: our own stack), each 429 reaches the adaptive limit,
+    // also those the retry layer waits out; kube-rs's own stack (plain HTTP, proxies, exec
+    // plugins) has no place for it, and the limit sees the final answer only.
     let probe = match &in_flight {
         InFlight::Adaptive(l) => Some(ObserveLayer::throttle(l.clone())),
         _ => None,

@@ -252,3 +252,19 @@ fn the_limit_and_the_baseline_are_exported() {
         assert!(out.contains(line), "missing {line} in\n{out}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_volley_of_429s_within_retry_after_halves_the_limit_once() {
+    let limit = AdaptiveLimit::new(Baseline::default(), FLOOR, CEILING);
+    let start = Instant::now();
+    for i in 0..10 {
+        limit.on_throttled(Some(Duration::from_secs(1)), start + FAST * i);
+    }
+    assert_eq!(limit.limit(), CEILING / 2);
+    limit.on_throttled(Some(Duration::from_secs(1)), start + Duration::from_secs(2));
+    assert_eq!(
+        limit.limit(),
+        CEILING / 4,
+        "a later episode halves it again"
+    );
+}
