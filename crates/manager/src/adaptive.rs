@@ -363,12 +363,27 @@ impl Drop for Permit {
 #[derive(Clone)]
 pub struct AdaptiveConcurrencyLayer {
     limit: AdaptiveLimit,
+    /// Whether this layer feeds the limit (else an [`ObserveLayer::attempts`] inside does).
+    samples: bool,
 }
 
 impl AdaptiveConcurrencyLayer {
-    /// A layer whose services share `limit`.
+    /// A layer whose services share `limit` and feed it each response's latency and 429s.
     pub fn new(limit: AdaptiveLimit) -> Self {
-        AdaptiveConcurrencyLayer { limit }
+        AdaptiveConcurrencyLayer {
+            limit,
+            samples: true,
+        }
+    }
+
+    /// A layer that only gates: an [`ObserveLayer::attempts`] inside the retry layer feeds
+    /// `limit` each attempt's latency, so the retry's `Retry-After` waits are not taken for
+    /// server latency.
+    pub fn gate_only(limit: AdaptiveLimit) -> Self {
+        AdaptiveConcurrencyLayer {
+            limit,
+            samples: false,
+        }
     }
 }
 
@@ -378,6 +393,7 @@ impl<S> Layer<S> for AdaptiveConcurrencyLayer {
         AdaptiveConcurrency {
             inner,
             limit: self.limit.clone(),
+            samples: self.samples,
             permit: None,
         }
     }
@@ -388,6 +404,7 @@ impl<S> Layer<S> for AdaptiveConcurrencyLayer {
 pub struct AdaptiveConcurrency<S> {
     inner: S,
     limit: AdaptiveLimit,
+    samples: bool,
     permit: Option<Permit>,
 }
 
@@ -412,18 +429,16 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let permit = self.permit.take().expect("poll_ready before call");
+        let observer = self
+            .samples
+            .then(|| ObserveLayer::attempts(self.limit.clone()));
         let class = Class::of(&req);
         let start = Instant::now();
         let fut = self.inner.call(req);
         Box::pin(async move {
             let result = fut.await;
-            if let Ok(resp) = &result {
-                let now = Instant::now();
-                match (throttled(resp), class) {
-                    (Some(retry_after), _) => permit.limit.on_throttled(retry_after, now),
-                    (None, Some(class)) => permit.limit.on_latency(class, now - start, now),
-                    (None, None) => {}
-                }
+            if let (Ok(resp), Some(o)) = (&result, observer) {
+                o.observe(resp, class, start);
             }
             drop(permit);
             result
@@ -431,13 +446,14 @@ where
     }
 }
 
-/// Feeds a [`Baseline`] (and optionally a limit's 429 handling) without limiting anything:
-/// on the admin client, whose lease renewals must never wait, and inside kube-rs's retry
-/// layer, where it sees each 429 that the retry layer then waits out.
+/// Feeds a [`Baseline`] or an [`AdaptiveLimit`] without limiting anything: on the admin
+/// client, whose lease renewals must never wait, and inside kube-rs's retry layer, where it
+/// sees each attempt — each 429 the retry layer then waits out, and each attempt's own latency
+/// without that wait.
 #[derive(Clone)]
 pub struct ObserveLayer {
     baseline: Option<Baseline>,
-    throttle: Option<AdaptiveLimit>,
+    limit: Option<AdaptiveLimit>,
 }
 
 impl ObserveLayer {
@@ -445,15 +461,15 @@ impl ObserveLayer {
     pub fn baseline(baseline: Baseline) -> Self {
         ObserveLayer {
             baseline: Some(baseline),
-            throttle: None,
+            limit: None,
         }
     }
 
-    /// Tells `limit` about every 429 (each attempt, retries included).
-    pub fn throttle(limit: AdaptiveLimit) -> Self {
+    /// Feeds `limit` every response: its latency, or its 429.
+    pub fn attempts(limit: AdaptiveLimit) -> Self {
         ObserveLayer {
             baseline: None,
-            throttle: Some(limit),
+            limit: Some(limit),
         }
     }
 }
@@ -506,17 +522,21 @@ where
 impl ObserveLayer {
     fn observe<RB>(&self, resp: &http::Response<RB>, class: Option<Class>, start: Instant) {
         let now = Instant::now();
-        match throttled(resp) {
-            Some(retry_after) => {
-                if let Some(limit) = &self.throttle {
+        match (throttled(resp), class) {
+            (Some(retry_after), _) => {
+                if let Some(limit) = &self.limit {
                     limit.on_throttled(retry_after, now);
                 }
             }
-            None => {
-                if let (Some(b), Some(class)) = (&self.baseline, class) {
+            (None, Some(class)) => {
+                if let Some(b) = &self.baseline {
                     b.observe(class, now - start, now);
                 }
+                if let Some(limit) = &self.limit {
+                    limit.on_latency(class, now - start, now);
+                }
             }
+            (None, None) => {}
         }
     }
 }

@@ -250,18 +250,22 @@ fn build(
         USER_AGENT,
         HeaderValue::from_str(user_agent).context("user agent")?,
     ));
-    // Inside kube-rs's retry layer (HTTPS: our own stack), each 429 reaches the adaptive limit,
-    // also those the retry layer waits out; kube-rs's own stack (plain HTTP, proxies, exec
-    // plugins) has no place for it, and the limit sees the final answer only.
+    // Inside kube-rs's retry layer (HTTPS: our own stack) the adaptive limit sees each
+    // attempt: every 429, and latencies without the retries' Retry-After waits. kube-rs's own
+    // stack (plain HTTP, proxies, exec plugins) has no place for it: there the gate samples
+    // whole requests.
     let probe = match &in_flight {
-        InFlight::Adaptive(l) => Some(ObserveLayer::throttle(l.clone())),
+        InFlight::Adaptive(l) => Some(ObserveLayer::attempts(l.clone())),
         _ => None,
     };
-    let builder = match crate::http2::builder(&config, probe)? {
-        Some(builder) => builder,
-        None => ClientBuilder::try_from(config).context("building the Kubernetes client")?,
+    let (builder, probed) = match crate::http2::builder(&config, probe)? {
+        Some(builder) => (builder, true),
+        None => (
+            ClientBuilder::try_from(config).context("building the Kubernetes client")?,
+            false,
+        ),
     };
-    let builder = bound_in_flight(builder, in_flight);
+    let builder = bound_in_flight(builder, in_flight, probed);
     Ok(match metrics {
         Some(m) => builder
             .with_layer(&limit.observed(m.clone(), &host))
@@ -278,7 +282,12 @@ type Boxed = tower::util::BoxService<http::Request<Body>, http::Response<Box<Dyn
 /// HTTP/1.1 (plain-HTTP servers) every concurrent request is a connection, so a burst of
 /// hundreds of parallel writes would leave hundreds of idle connections (and their buffers)
 /// behind. 64 in flight still moves thousands of writes/s.
-fn bound_in_flight(builder: ClientBuilder<Boxed>, in_flight: InFlight) -> ClientBuilder<Boxed> {
+/// `probed`: an [`ObserveLayer::attempts`] inside already feeds an adaptive limit.
+fn bound_in_flight(
+    builder: ClientBuilder<Boxed>,
+    in_flight: InFlight,
+    probed: bool,
+) -> ClientBuilder<Boxed> {
     use tower::layer::layer_fn;
     use tower::limit::ConcurrencyLimitLayer;
     match in_flight {
@@ -288,6 +297,9 @@ fn bound_in_flight(builder: ClientBuilder<Boxed>, in_flight: InFlight) -> Client
         InFlight::Observed(n, baseline) => builder
             .with_layer(&ObserveLayer::baseline(baseline))
             .with_layer(&ConcurrencyLimitLayer::new(n.max(1)))
+            .with_layer(&layer_fn(Boxed::new)),
+        InFlight::Adaptive(limit) if probed => builder
+            .with_layer(&AdaptiveConcurrencyLayer::gate_only(limit))
             .with_layer(&layer_fn(Boxed::new)),
         InFlight::Adaptive(limit) => builder
             .with_layer(&AdaptiveConcurrencyLayer::new(limit))

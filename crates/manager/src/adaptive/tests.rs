@@ -268,3 +268,33 @@ async fn a_volley_of_429s_within_retry_after_halves_the_limit_once() {
         "a later episode halves it again"
     );
 }
+
+/// As inside kube-rs's retry layer: a wait before the attempt (a Retry-After being waited out)
+/// is not the server's latency when the attempts are observed inside.
+#[tokio::test(start_paused = true)]
+async fn waits_outside_the_observed_attempts_are_not_latency() {
+    let fake = Fake::new(FAST);
+    let limit = AdaptiveLimit::new(Baseline::default(), FLOOR, CEILING);
+    let probed = ObserveLayer::attempts(limit.clone()).layer(fake.clone());
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..CALLERS {
+        let (limit, probed) = (limit.clone(), probed.clone());
+        set.spawn(async move {
+            loop {
+                let probed = probed.clone();
+                let retrying = tower::service_fn(move |req: http::Request<()>| {
+                    let attempt = probed.clone();
+                    async move {
+                        tokio::time::sleep(SLOW).await;
+                        attempt.oneshot(req).await
+                    }
+                });
+                let gate = AdaptiveConcurrencyLayer::gate_only(limit.clone()).layer(retrying);
+                let _ = gate.oneshot(patch()).await;
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(limit.limit(), CEILING);
+    assert_eq!(fake.peak_over(Duration::from_secs(1)).await, CEILING);
+}
