@@ -15,10 +15,12 @@ use http::header::{HeaderValue, USER_AGENT};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
+use kube::client::{Body, ClientBuilder, DynBody};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::time::Instant;
-use tower::{Layer, Service};
+use tower::{BoxError, Layer, Service};
 
+use crate::adaptive::{AdaptiveConcurrencyLayer, AdaptiveLimit, Baseline, ObserveLayer};
 use crate::client_metrics::{RestClientMetrics, RestMetricsLayer, host_label};
 
 /// Requests in flight per client (watches included).
@@ -182,6 +184,19 @@ where
     }
 }
 
+/// How a client bounds its requests in flight.
+#[derive(Clone)]
+pub enum InFlight {
+    /// A fixed bound.
+    Fixed(usize),
+    /// A fixed bound, its responses teaching the shared [`Baseline`]: the admin client, whose
+    /// lease renewals must never wait behind an adaptive limit and whose renewals measure the
+    /// idle server.
+    Observed(usize, Baseline),
+    /// An [`AdaptiveLimit`]: a controller's client.
+    Adaptive(AdaptiveLimit),
+}
+
 /// Builds a client from `config` with a User-Agent and a rate limit (unmetered: for one-shot
 /// tools such as `ccm doctor`; the CCM's own clients use [`build_metered_client`]).
 pub fn build_client(
@@ -189,7 +204,13 @@ pub fn build_client(
     user_agent: &str,
     limit: &RateLimitLayer,
 ) -> anyhow::Result<kube::Client> {
-    build(config, user_agent, limit, None, MAX_IN_FLIGHT)
+    build(
+        config,
+        user_agent,
+        limit,
+        None,
+        InFlight::Fixed(MAX_IN_FLIGHT),
+    )
 }
 
 /// Like [`build_client`], counting and timing every request in `metrics` (client-go's
@@ -200,16 +221,18 @@ pub fn build_metered_client(
     limit: &RateLimitLayer,
     metrics: &RestClientMetrics,
 ) -> anyhow::Result<kube::Client> {
-    build(config, user_agent, limit, Some(metrics), MAX_IN_FLIGHT)
+    let in_flight = InFlight::Fixed(MAX_IN_FLIGHT);
+    build(config, user_agent, limit, Some(metrics), in_flight)
 }
 
-/// [`build_metered_client`] with `in_flight` requests in flight instead of [`MAX_IN_FLIGHT`].
+/// [`build_metered_client`] with its requests in flight bounded by `in_flight` instead of
+/// [`MAX_IN_FLIGHT`].
 pub fn build_metered_client_in_flight(
     config: kube::Config,
     user_agent: &str,
     limit: &RateLimitLayer,
     metrics: &RestClientMetrics,
-    in_flight: usize,
+    in_flight: InFlight,
 ) -> anyhow::Result<kube::Client> {
     build(config, user_agent, limit, Some(metrics), in_flight)
 }
@@ -219,7 +242,7 @@ fn build(
     user_agent: &str,
     limit: &RateLimitLayer,
     metrics: Option<&RestClientMetrics>,
-    in_flight: usize,
+    in_flight: InFlight,
 ) -> anyhow::Result<kube::Client> {
     let host = host_label(&config.cluster_url);
     config.headers.retain(|(name, _)| name != USER_AGENT);
@@ -227,16 +250,22 @@ fn build(
         USER_AGENT,
         HeaderValue::from_str(user_agent).context("user agent")?,
     ));
-    let builder = match crate::http2::builder(&config)? {
-        Some(builder) => builder,
-        None => kube::client::ClientBuilder::try_from(config)
-            .context("building the Kubernetes client")?,
+    // Inside kube-rs's retry layer (HTTPS: our own stack) the adaptive limit sees each
+    // attempt: every 429, and latencies without the retries' Retry-After waits. kube-rs's own
+    // stack (plain HTTP, proxies, exec plugins) has no place for it: there the gate samples
+    // whole requests.
+    let probe = match &in_flight {
+        InFlight::Adaptive(l) => Some(ObserveLayer::attempts(l.clone())),
+        _ => None,
     };
-    // Bounded requests in flight per client: the API server's share of this client, and over
-    // HTTP/1.1 (plain-HTTP servers) every concurrent request is a connection, so a burst of
-    // hundreds of parallel writes would leave hundreds of idle connections (and their buffers)
-    // behind. 64 in flight still moves thousands of writes/s.
-    let builder = builder.with_layer(&tower::limit::ConcurrencyLimitLayer::new(in_flight.max(1)));
+    let (builder, probed) = match crate::http2::builder(&config, probe)? {
+        Some(builder) => (builder, true),
+        None => (
+            ClientBuilder::try_from(config).context("building the Kubernetes client")?,
+            false,
+        ),
+    };
+    let builder = bound_in_flight(builder, in_flight, probed);
     Ok(match metrics {
         Some(m) => builder
             .with_layer(&limit.observed(m.clone(), &host))
@@ -244,6 +273,38 @@ fn build(
             .build(),
         None => builder.with_layer(limit).build(),
     })
+}
+
+/// The client stack as kube-rs's builder boxes it.
+type Boxed = tower::util::BoxService<http::Request<Body>, http::Response<Box<DynBody>>, BoxError>;
+
+/// Bounded requests in flight per client: the API server's share of this client, and over
+/// HTTP/1.1 (plain-HTTP servers) every concurrent request is a connection, so a burst of
+/// hundreds of parallel writes would leave hundreds of idle connections (and their buffers)
+/// behind. 64 in flight still moves thousands of writes/s.
+/// `probed`: an [`ObserveLayer::attempts`] inside already feeds an adaptive limit.
+fn bound_in_flight(
+    builder: ClientBuilder<Boxed>,
+    in_flight: InFlight,
+    probed: bool,
+) -> ClientBuilder<Boxed> {
+    use tower::layer::layer_fn;
+    use tower::limit::ConcurrencyLimitLayer;
+    match in_flight {
+        InFlight::Fixed(n) => builder
+            .with_layer(&ConcurrencyLimitLayer::new(n.max(1)))
+            .with_layer(&layer_fn(Boxed::new)),
+        InFlight::Observed(n, baseline) => builder
+            .with_layer(&ObserveLayer::baseline(baseline))
+            .with_layer(&ConcurrencyLimitLayer::new(n.max(1)))
+            .with_layer(&layer_fn(Boxed::new)),
+        InFlight::Adaptive(limit) if probed => builder
+            .with_layer(&AdaptiveConcurrencyLayer::gate_only(limit))
+            .with_layer(&layer_fn(Boxed::new)),
+        InFlight::Adaptive(limit) => builder
+            .with_layer(&AdaptiveConcurrencyLayer::new(limit))
+            .with_layer(&layer_fn(Boxed::new)),
+    }
 }
 
 /// How long minted service-account tokens live; they are refreshed at half that.

@@ -4,6 +4,7 @@
 //! health and metrics server ([`serve`]) and the wiring that starts the enabled controllers
 //! against one client and one provider ([`run`]).
 
+pub mod adaptive;
 pub mod app;
 pub mod auth;
 pub mod client;

@@ -263,6 +263,13 @@ pub struct RunOptions {
     #[arg(long, default_value_t = 12000, help_heading = "Generic flags")]
     pub kube_api_burst: u32,
 
+    /// ccm-rs: bound each controller client's requests in flight by a limit that adapts to
+    /// the API server's latency (shrinks while the server queues, down to 2; grows back to the
+    /// client's fixed bound when it keeps up), so a burst of the CCM's writes yields the server
+    /// to the kubelets. `false`: the fixed bound only.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, help_heading = "Generic flags")]
+    pub kube_api_adaptive_concurrency: bool,
+
     /// Pause between starting controllers (jittered up to 2x, as upstream).
     #[arg(long, default_value = "0", help_heading = "Generic flags")]
     pub controller_start_interval: GoDuration,

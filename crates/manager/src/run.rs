@@ -21,8 +21,9 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::adaptive::{AdaptiveLimit, AdaptiveMetrics, Baseline, FLOOR};
 use crate::client::{
-    MAX_IN_FLIGHT, NODE_INIT_IN_FLIGHT, RateLimitLayer, USER_AGENT_BASE, build_metered_client,
+    InFlight, MAX_IN_FLIGHT, NODE_INIT_IN_FLIGHT, RateLimitLayer, USER_AGENT_BASE,
     build_metered_client_in_flight, load_config, service_in_flight,
 };
 use crate::client_metrics::RestClientMetrics;
@@ -88,6 +89,10 @@ pub struct Runtime {
     /// client-go's `rest_client_*` families, fed by every Kubernetes client (also in the
     /// registry).
     pub rest_metrics: RestClientMetrics,
+    /// The adaptive in-flight limits' gauges (also in the registry).
+    pub adaptive_metrics: AdaptiveMetrics,
+    /// The API server's baseline latency, learned by every client of the process.
+    pub baseline: Baseline,
     /// Published when controllers start (None again when they stop).
     pub handles: watch::Sender<Option<ControllerHandles>>,
     /// Leader status, for health and metrics.
@@ -102,6 +107,7 @@ impl Default for Runtime {
         let mut registry = Registry::default();
         let cloud_metrics = CloudMetrics::new(&mut registry);
         let rest_metrics = RestClientMetrics::new(&mut registry);
+        let adaptive_metrics = AdaptiveMetrics::new(&mut registry);
         // Process-wide: the leader-election recorder drops Events too, before any controller runs.
         ccm_controllers::events::register_metrics(&mut registry);
         registry.register_collector(Box::new(ProcessCollector));
@@ -110,6 +116,8 @@ impl Default for Runtime {
             health: Health::default(),
             cloud_metrics,
             rest_metrics,
+            baseline: Baseline::with_metrics(adaptive_metrics.clone()),
+            adaptive_metrics,
             handles: watch::channel(None).0,
             leader: LeaderStatus::default(),
             webhooks: Vec::new(),
@@ -143,6 +151,16 @@ pub fn build_provider(
     ))
 }
 
+/// A controller client's bound on requests in flight: `max`, adaptive below it with
+/// `--kube-api-adaptive-concurrency` (reported under `client`).
+fn in_flight(o: &crate::options::RunOptions, rt: &Runtime, client: &str, max: usize) -> InFlight {
+    if !o.kube_api_adaptive_concurrency {
+        return InFlight::Fixed(max);
+    }
+    let limit = AdaptiveLimit::new(rt.baseline.clone(), FLOOR, max);
+    InFlight::Adaptive(limit.reported(&rt.adaptive_metrics, client))
+}
+
 /// Runs the CCM until `shutdown` or lost leadership.
 pub async fn run(
     v: Validated,
@@ -167,7 +185,15 @@ pub async fn run(
     }
     let base = load_config(o.kubeconfig.as_deref(), o.master.as_deref()).await?;
     let limit = RateLimitLayer::new(o.kube_api_qps, o.kube_api_burst);
-    let admin = build_metered_client(base.clone(), USER_AGENT_BASE, &limit, &rt.rest_metrics)?;
+    // The leader elector's client: a fixed bound, so lease renewals never wait behind an
+    // adaptive limit; its answers teach the shared baseline.
+    let admin = build_metered_client_in_flight(
+        base.clone(),
+        USER_AGENT_BASE,
+        &limit,
+        &rt.rest_metrics,
+        InFlight::Observed(MAX_IN_FLIGHT, rt.baseline.clone()),
+    )?;
 
     let serve_shutdown = shutdown.child_token();
     if o.serving.secure_port != 0 {
@@ -551,11 +577,12 @@ impl<'a> Launch<'a> {
             let mut s = Shared::new(provider, o.cluster_name.clone());
             s.queue_metrics = ccm_controllers::queue::QueueMetrics::new(&mut rt.registry.write());
             // Events get their own client and request budget: they must never slow real work.
-            s.event_client = Some(build_metered_client(
+            s.event_client = Some(build_metered_client_in_flight(
                 base.clone(),
                 &format!("{USER_AGENT_BASE}/events"),
                 &RateLimitLayer::new(o.kube_api_qps, o.kube_api_burst),
                 &rt.rest_metrics,
+                in_flight(o, rt, "events", MAX_IN_FLIGHT),
             )?);
             s
         };
@@ -585,12 +612,13 @@ impl<'a> Launch<'a> {
         &self,
         account: &'static str,
         ua: &'static str,
-        in_flight: usize,
+        max_in_flight: usize,
     ) -> anyhow::Result<kube::Client> {
         let o = &self.v.options;
         let limit = RateLimitLayer::new(o.kube_api_qps, o.kube_api_burst);
         let metrics = &self.rt.rest_metrics;
         let user_agent = format!("{USER_AGENT_BASE}/{ua}");
+        let in_flight = in_flight(o, self.rt, ua, max_in_flight);
         if o.use_service_account_credentials {
             std::fs::create_dir_all(&self.token_dir)?;
             let cfg = crate::client::service_account_config(
