@@ -592,6 +592,12 @@ impl Shared {
                     // watchers hear of it only after etcd committed it.
                     let bytes = body.len().max(self.stored_size(&target));
                     cost.charge(verb, bytes).await;
+                    if verb == Verb::Create
+                        && target.sub.is_none()
+                        && RESOURCES[target.res].plural == "services"
+                    {
+                        cost.charge_allocation().await;
+                    }
                 }
                 // A write is counted before any snapshot of the counters can see its effect
                 // (`Metrics::counting`); dispatch never awaits, so no guard spans an await.

@@ -97,7 +97,8 @@ pub(super) async fn reference(opts: &BenchOptions) -> anyhow::Result<ScenarioRes
         objects: Bodies::Reference,
         ..opts.clone()
     };
-    let env = Env::start(&opts, opts.fault_rate, &[]).await?;
+    // The reference run's CCM ran without leader election.
+    let env = Env::start(&opts, opts.fault_rate, &["--leader-elect=false".into()]).await?;
     let r = phases(&env, &opts).await;
     env.stop().await;
     let mut r = r?;

@@ -49,12 +49,20 @@ struct App {
     shutdown: CancellationToken,
 }
 
+/// Largest call body the server takes: room for a load-balancer call with 500,000 Nodes.
+pub const MAX_CALL_BODY: usize = 64 << 20;
+
 /// The routes of the sim server, for embedding into another axum app. Event streams end when
 /// `shutdown` is cancelled (they would otherwise hold a graceful shutdown open forever).
 pub fn router(sim: SimCloud, shutdown: CancellationToken) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/v1/call", post(call))
+        // A load-balancer call names every Node: ~60 bytes each, 3 MB at 50,000 Nodes, past
+        // axum's 2 MB default.
+        .route(
+            "/v1/call",
+            post(call).layer(axum::extract::DefaultBodyLimit::max(MAX_CALL_BODY)),
+        )
         .route("/v1/events", get(events))
         .route("/v1/instances", post(add_instance).get(instances))
         .route("/v1/instances/{id}/{action}", post(instance_action))
