@@ -95,45 +95,29 @@ fn every_scenario_runs_small() {
 /// The calibrated cost model end to end: a small burst converges and is labelled.
 #[test]
 fn a_burst_runs_on_the_calibrated_model() {
-    let dir = std::env::temp_dir().join(format!("ccm-bench-cost-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let json = dir.join("bench.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_ccm"))
-        .args([
+    let doc = run_bench(
+        "cost",
+        &[
             "bench",
             "burst",
             "--nodes=20",
             "--cloud-latency=5ms",
             "--timeout=120s",
             "--api-cost=calibrated",
-        ])
-        .arg(format!("--json={}", json.display()))
-        .output()
-        .expect("run bench");
-    assert!(
-        out.status.success(),
-        "bench failed: {}\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
     let burst = &doc["scenarios"][0];
     assert_eq!(burst["api_cost"], "calibrated");
     assert_eq!(burst["converged"], true, "{burst}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The reference scenario, small: every phase runs, the figures are reported, and none is
 /// compared with the real server's at a size other than the reference run's.
 #[test]
 fn the_reference_scenario_runs_small_and_compares_only_at_its_size() {
-    let dir = std::env::temp_dir().join(format!("ccm-bench-ref-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let json = dir.join("bench.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_ccm"))
-        .args([
+    let doc = run_bench(
+        "ref",
+        &[
             "bench",
             "reference",
             "--nodes=20",
@@ -144,19 +128,8 @@ fn the_reference_scenario_runs_small_and_compares_only_at_its_size() {
             "--timeout=120s",
             "--api-cost=calibrated",
             "--api-cost-knob=write=500+50",
-        ])
-        .arg(format!("--json={}", json.display()))
-        .output()
-        .expect("run bench");
-    assert!(
-        out.status.success(),
-        "bench failed: {}\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
     let r = &doc["scenarios"][0];
     assert_eq!(r["scenario"], "reference");
     assert_eq!(r["converged"], true, "{r}");
@@ -186,4 +159,27 @@ fn the_reference_scenario_runs_small_and_compares_only_at_its_size() {
         !out.status.success() && stderr.contains("wrte=1"),
         "{stderr}"
     );
+}
+
+/// Runs `ccm bench` with `args` plus `--json` into a fresh directory named after `tag`; the
+/// parsed JSON once the run succeeded.
+fn run_bench(tag: &str, args: &[&str]) -> serde_json::Value {
+    let dir = std::env::temp_dir().join(format!("ccm-bench-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let json = dir.join("bench.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args(args)
+        .arg(format!("--json={}", json.display()))
+        .output()
+        .expect("run bench");
+    assert!(
+        out.status.success(),
+        "bench failed: {}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    let _ = std::fs::remove_dir_all(&dir);
+    doc
 }
