@@ -9,8 +9,9 @@
 //! the baseline the limit grows by one per round trip (additive increase); once it rises above,
 //! the limit shrinks by [`DECREASE`] at most once per round trip (multiplicative decrease) down
 //! to a floor, so a client always makes progress. A 429 halves the limit and stops it growing
-//! until the server's `Retry-After` has passed (the request itself is retried after
-//! `Retry-After` by kube-rs's retry layer, inside this one).
+//! until the server's `Retry-After` has passed. The gate sits inside kube-rs's retry layer, so
+//! a request waiting out its `Retry-After` gives its slot back meanwhile: a server that refuses
+//! a share of requests slows this client by that share, not by the length of the waits.
 //!
 //! The baseline is shared by all clients of one process ([`Baseline`]): the leader elector's
 //! lease renewals (on the admin client, which is observed but never limited) teach it what a
@@ -312,6 +313,16 @@ impl AdaptiveLimit {
         self.publish(&mut s);
     }
 
+    /// Feeds one answer: its 429, or its latency (watches and streams feed nothing).
+    fn on_response<RB>(&self, resp: &http::Response<RB>, class: Option<Class>, start: Instant) {
+        let now = Instant::now();
+        match (throttled(resp), class) {
+            (Some(retry_after), _) => self.on_throttled(retry_after, now),
+            (None, Some(class)) => self.on_latency(class, now - start, now),
+            (None, None) => {}
+        }
+    }
+
     /// Only a limit that is being used may grow (an idle client learns nothing about more).
     fn in_use(&self, s: &State) -> bool {
         (s.in_flight as f64 + 1.0) * 2.0 >= s.limit
@@ -359,31 +370,20 @@ impl Drop for Permit {
     }
 }
 
-/// Gates a client's requests with an [`AdaptiveLimit`].
+/// Gates a client's requests with an [`AdaptiveLimit`]. Placed inside kube-rs's retry layer
+/// (the HTTPS stack, [`crate::http2::builder`]), it gates and samples each *attempt*: a request
+/// waiting out a 429's `Retry-After` holds no slot, so the other requests keep the server's
+/// share, and the wait is never taken for server latency. Outside it (kube-rs's own stack) it
+/// gates whole requests.
 #[derive(Clone)]
 pub struct AdaptiveConcurrencyLayer {
     limit: AdaptiveLimit,
-    /// Whether this layer feeds the limit (else an [`ObserveLayer::attempts`] inside does).
-    samples: bool,
 }
 
 impl AdaptiveConcurrencyLayer {
     /// A layer whose services share `limit` and feed it each response's latency and 429s.
     pub fn new(limit: AdaptiveLimit) -> Self {
-        AdaptiveConcurrencyLayer {
-            limit,
-            samples: true,
-        }
-    }
-
-    /// A layer that only gates: an [`ObserveLayer::attempts`] inside the retry layer feeds
-    /// `limit` each attempt's latency, so the retry's `Retry-After` waits are not taken for
-    /// server latency.
-    pub fn gate_only(limit: AdaptiveLimit) -> Self {
-        AdaptiveConcurrencyLayer {
-            limit,
-            samples: false,
-        }
+        AdaptiveConcurrencyLayer { limit }
     }
 }
 
@@ -393,7 +393,6 @@ impl<S> Layer<S> for AdaptiveConcurrencyLayer {
         AdaptiveConcurrency {
             inner,
             limit: self.limit.clone(),
-            samples: self.samples,
             permit: None,
         }
     }
@@ -404,8 +403,18 @@ impl<S> Layer<S> for AdaptiveConcurrencyLayer {
 pub struct AdaptiveConcurrency<S> {
     inner: S,
     limit: AdaptiveLimit,
-    samples: bool,
     permit: Option<Permit>,
+}
+
+/// A clone (the retry layer keeps one per request for its next attempt) holds no slot.
+impl<S: Clone> Clone for AdaptiveConcurrency<S> {
+    fn clone(&self) -> Self {
+        AdaptiveConcurrency {
+            inner: self.inner.clone(),
+            limit: self.limit.clone(),
+            permit: None,
+        }
+    }
 }
 
 impl<S, B, RB> Service<http::Request<B>> for AdaptiveConcurrency<S>
@@ -429,16 +438,14 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let permit = self.permit.take().expect("poll_ready before call");
-        let observer = self
-            .samples
-            .then(|| ObserveLayer::attempts(self.limit.clone()));
+        let limit = self.limit.clone();
         let class = Class::of(&req);
         let start = Instant::now();
         let fut = self.inner.call(req);
         Box::pin(async move {
             let result = fut.await;
-            if let (Ok(resp), Some(o)) = (&result, observer) {
-                o.observe(resp, class, start);
+            if let Ok(resp) = &result {
+                limit.on_response(resp, class, start);
             }
             drop(permit);
             result
@@ -446,31 +453,17 @@ where
     }
 }
 
-/// Feeds a [`Baseline`] or an [`AdaptiveLimit`] without limiting anything: on the admin
-/// client, whose lease renewals must never wait, and inside kube-rs's retry layer, where it
-/// sees each attempt — each 429 the retry layer then waits out, and each attempt's own latency
-/// without that wait.
+/// Feeds a [`Baseline`] without limiting anything: on the admin client, whose lease renewals
+/// must never wait, so the baseline learns an idle server's latency before a burst.
 #[derive(Clone)]
 pub struct ObserveLayer {
-    baseline: Option<Baseline>,
-    limit: Option<AdaptiveLimit>,
+    baseline: Baseline,
 }
 
 impl ObserveLayer {
     /// Samples every response's latency into `baseline`.
     pub fn baseline(baseline: Baseline) -> Self {
-        ObserveLayer {
-            baseline: Some(baseline),
-            limit: None,
-        }
-    }
-
-    /// Feeds `limit` every response: its latency, or its 429.
-    pub fn attempts(limit: AdaptiveLimit) -> Self {
-        ObserveLayer {
-            baseline: None,
-            limit: Some(limit),
-        }
+        ObserveLayer { baseline }
     }
 }
 
@@ -479,7 +472,7 @@ impl<S> Layer<S> for ObserveLayer {
     fn layer(&self, inner: S) -> Self::Service {
         Observed {
             inner,
-            layer: self.clone(),
+            baseline: self.baseline.clone(),
         }
     }
 }
@@ -488,7 +481,7 @@ impl<S> Layer<S> for ObserveLayer {
 #[derive(Clone)]
 pub struct Observed<S> {
     inner: S,
-    layer: ObserveLayer,
+    baseline: Baseline,
 }
 
 impl<S, B, RB> Service<http::Request<B>> for Observed<S>
@@ -507,37 +500,18 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let class = Class::of(&req);
         let start = Instant::now();
-        let layer = self.layer.clone();
+        let baseline = self.baseline.clone();
         let fut = self.inner.call(req);
         Box::pin(async move {
             let result = fut.await;
-            if let Ok(resp) = &result {
-                layer.observe(resp, class, start);
+            if let (Ok(resp), Some(class)) = (&result, class)
+                && throttled(resp).is_none()
+            {
+                let now = Instant::now();
+                baseline.observe(class, now - start, now);
             }
             result
         })
-    }
-}
-
-impl ObserveLayer {
-    fn observe<RB>(&self, resp: &http::Response<RB>, class: Option<Class>, start: Instant) {
-        let now = Instant::now();
-        match (throttled(resp), class) {
-            (Some(retry_after), _) => {
-                if let Some(limit) = &self.limit {
-                    limit.on_throttled(retry_after, now);
-                }
-            }
-            (None, Some(class)) => {
-                if let Some(b) = &self.baseline {
-                    b.observe(class, now - start, now);
-                }
-                if let Some(limit) = &self.limit {
-                    limit.on_latency(class, now - start, now);
-                }
-            }
-            (None, None) => {}
-        }
     }
 }
 

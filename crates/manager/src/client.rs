@@ -250,22 +250,22 @@ fn build(
         USER_AGENT,
         HeaderValue::from_str(user_agent).context("user agent")?,
     ));
-    // Inside kube-rs's retry layer (HTTPS: our own stack) the adaptive limit sees each
-    // attempt: every 429, and latencies without the retries' Retry-After waits. kube-rs's own
-    // stack (plain HTTP, proxies, exec plugins) has no place for it: there the gate samples
-    // whole requests.
-    let probe = match &in_flight {
-        InFlight::Adaptive(l) => Some(ObserveLayer::attempts(l.clone())),
+    // Inside kube-rs's retry layer (HTTPS: our own stack) the adaptive gate sees each attempt:
+    // every 429, latencies without the retries' Retry-After waits, and no slot held during
+    // them. kube-rs's own stack (plain HTTP, proxies, exec plugins) has no place for it: there
+    // the gate wraps whole requests.
+    let gate = match &in_flight {
+        InFlight::Adaptive(l) => Some(AdaptiveConcurrencyLayer::new(l.clone())),
         _ => None,
     };
-    let (builder, probed) = match crate::http2::builder(&config, probe)? {
+    let (builder, gated) = match crate::http2::builder(&config, gate)? {
         Some(builder) => (builder, true),
         None => (
             ClientBuilder::try_from(config).context("building the Kubernetes client")?,
             false,
         ),
     };
-    let builder = bound_in_flight(builder, in_flight, probed);
+    let builder = bound_in_flight(builder, in_flight, gated);
     Ok(match metrics {
         Some(m) => builder
             .with_layer(&limit.observed(m.clone(), &host))
@@ -282,11 +282,11 @@ type Boxed = tower::util::BoxService<http::Request<Body>, http::Response<Box<Dyn
 /// HTTP/1.1 (plain-HTTP servers) every concurrent request is a connection, so a burst of
 /// hundreds of parallel writes would leave hundreds of idle connections (and their buffers)
 /// behind. 64 in flight still moves thousands of writes/s.
-/// `probed`: an [`ObserveLayer::attempts`] inside already feeds an adaptive limit.
+/// `gated`: an adaptive gate inside the retry layer already bounds them.
 fn bound_in_flight(
     builder: ClientBuilder<Boxed>,
     in_flight: InFlight,
-    probed: bool,
+    gated: bool,
 ) -> ClientBuilder<Boxed> {
     use tower::layer::layer_fn;
     use tower::limit::ConcurrencyLimitLayer;
@@ -298,9 +298,7 @@ fn bound_in_flight(
             .with_layer(&ObserveLayer::baseline(baseline))
             .with_layer(&ConcurrencyLimitLayer::new(n.max(1)))
             .with_layer(&layer_fn(Boxed::new)),
-        InFlight::Adaptive(limit) if probed => builder
-            .with_layer(&AdaptiveConcurrencyLayer::gate_only(limit))
-            .with_layer(&layer_fn(Boxed::new)),
+        InFlight::Adaptive(_) if gated => builder,
         InFlight::Adaptive(limit) => builder
             .with_layer(&AdaptiveConcurrencyLayer::new(limit))
             .with_layer(&layer_fn(Boxed::new)),

@@ -31,10 +31,10 @@ const PING_TIMEOUT: Duration = Duration::from_secs(15);
 /// A client builder whose connections negotiate HTTP/2, or `None` where kube-rs's own builder
 /// must serve: plain `http://` servers (no ALPN to negotiate with), proxies, and exec plugins
 /// that hand out client certificates with an expiry (kube-rs tracks that privately).
-/// `probe` sits inside the retry layer, where it sees every attempt's answer.
+/// `gate` sits inside the retry layer, where it sees every attempt's answer.
 pub fn builder(
     config: &kube::Config,
-    probe: Option<crate::adaptive::ObserveLayer>,
+    gate: Option<crate::adaptive::AdaptiveConcurrencyLayer>,
 ) -> anyhow::Result<Option<ClientBuilder<Generic>>> {
     let https = config.cluster_url.scheme_str() == Some("https");
     let exec = config.auth_info.exec.is_some();
@@ -59,7 +59,7 @@ pub fn builder(
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(retry)
-        .option_layer(probe)
+        .option_layer(gate)
         .option_layer(config.auth_layer().context("API server credentials")?)
         .layer(
             config

@@ -19,6 +19,8 @@ struct Fake {
     latency: Arc<Mutex<Duration>>,
     /// Answer 429 with this `Retry-After` (seconds) while set.
     throttle: Arc<Mutex<Option<u64>>>,
+    /// When set, only this many more answers are 429s (while `throttle` is set).
+    refuse_next: Arc<Mutex<Option<usize>>>,
     in_flight: Arc<AtomicUsize>,
     peak: Arc<AtomicUsize>,
     done: Arc<AtomicUsize>,
@@ -63,7 +65,15 @@ impl Service<http::Request<()>> for Fake {
             me.in_flight.fetch_sub(1, Ordering::SeqCst);
             me.done.fetch_add(1, Ordering::SeqCst);
             let mut resp = http::Response::new(());
-            if let Some(secs) = *me.throttle.lock() {
+            let refused = match &mut *me.refuse_next.lock() {
+                None => true,
+                Some(0) => false,
+                Some(n) => {
+                    *n -= 1;
+                    true
+                }
+            };
+            if let Some(secs) = (*me.throttle.lock()).filter(|_| refused) {
                 *resp.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
                 resp.headers_mut()
                     .insert(http::header::RETRY_AFTER, secs.to_string().parse().unwrap());
@@ -269,32 +279,64 @@ async fn a_volley_of_429s_within_retry_after_halves_the_limit_once() {
     );
 }
 
-/// As inside kube-rs's retry layer: a wait before the attempt (a Retry-After being waited out)
-/// is not the server's latency when the attempts are observed inside.
+/// Retries a 429 after its `Retry-After`, as kube-rs's `RetryPolicy::server_retry` does.
+#[derive(Clone)]
+struct RetryAfter;
+
+impl tower::retry::Policy<http::Request<()>, http::Response<()>, std::convert::Infallible>
+    for RetryAfter
+{
+    type Future = tokio::time::Sleep;
+
+    fn retry(
+        &mut self,
+        _: &mut http::Request<()>,
+        result: &mut Result<http::Response<()>, std::convert::Infallible>,
+    ) -> Option<Self::Future> {
+        let resp = result.as_ref().ok()?;
+        throttled(resp).map(|after| tokio::time::sleep(after.unwrap_or(DEFAULT_RETRY_AFTER)))
+    }
+
+    fn clone_request(&mut self, req: &http::Request<()>) -> Option<http::Request<()>> {
+        let mut copy = http::Request::new(());
+        *copy.method_mut() = req.method().clone();
+        *copy.uri_mut() = req.uri().clone();
+        Some(copy)
+    }
+}
+
+/// The gate inside a retry layer, as the HTTPS client stacks it: the first `CEILING` requests
+/// are refused with a 5 s `Retry-After`. While they wait, the other callers keep the (halved)
+/// limit busy — a gate that kept the waiting requests' slots would let nothing through for
+/// 5 s — and the waits are not taken for the server's latency.
 #[tokio::test(start_paused = true)]
-async fn waits_outside_the_observed_attempts_are_not_latency() {
+async fn requests_waiting_out_retry_after_give_their_slots_to_the_others() {
     let fake = Fake::new(FAST);
+    *fake.refuse_next.lock() = Some(CEILING);
+    *fake.throttle.lock() = Some(5);
     let limit = AdaptiveLimit::new(Baseline::default(), FLOOR, CEILING);
-    let probed = ObserveLayer::attempts(limit.clone()).layer(fake.clone());
+    let stack = tower::ServiceBuilder::new()
+        .layer(tower::retry::RetryLayer::new(RetryAfter))
+        .layer(AdaptiveConcurrencyLayer::new(limit.clone()));
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..CALLERS {
-        let (limit, probed) = (limit.clone(), probed.clone());
+        let svc = stack.service(fake.clone());
         set.spawn(async move {
             loop {
-                let probed = probed.clone();
-                let retrying = tower::service_fn(move |req: http::Request<()>| {
-                    let attempt = probed.clone();
-                    async move {
-                        tokio::time::sleep(SLOW).await;
-                        attempt.oneshot(req).await
-                    }
-                });
-                let gate = AdaptiveConcurrencyLayer::gate_only(limit.clone()).layer(retrying);
-                let _ = gate.oneshot(patch()).await;
+                let _ = svc.clone().oneshot(patch()).await;
             }
         });
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(limit.limit(), CEILING);
-    assert_eq!(fake.peak_over(Duration::from_secs(1)).await, CEILING);
+    tokio::time::sleep(FAST * 3).await;
+    let before = fake.done.load(Ordering::SeqCst);
+    let during = fake.peak_over(Duration::from_secs(4)).await;
+    let served = fake.done.load(Ordering::SeqCst) - before;
+    assert_eq!(during, CEILING / 2, "the halved limit stays in use");
+    assert!(served > 1000, "{served} requests served during Retry-After");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        limit.limit() > CEILING / 2,
+        "the 5 s waits were not latency: the limit grew back to {}",
+        limit.limit()
+    );
 }
