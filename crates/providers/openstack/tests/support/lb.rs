@@ -56,6 +56,12 @@ pub fn service(name: &str, ports: &[(&str, i32, i32)], ranges: &[&str]) -> Servi
     s
 }
 
+/// The floating IPs on the VIP port of `lb` (an `openstack loadbalancer show`).
+fn floating_ips_on(stack: &Stack, lb: &Value) -> Value {
+    let port = lb["vip_port_id"].as_str().expect("the LB's VIP port");
+    json(stack, &["floating", "ip", "list", "--port", port])
+}
+
 fn json(stack: &Stack, args: &[&str]) -> Value {
     let mut a = args.to_vec();
     a.extend(["-f", "json"]);
@@ -231,16 +237,7 @@ pub async fn scenario(stack: &Stack) {
     let name = "kube_service_kubernetes_default_web";
     let lb = json(stack, &["loadbalancer", "show", name]);
     assert_eq!(lb["provisioning_status"], "ACTIVE");
-    let fips = json(
-        stack,
-        &[
-            "floating",
-            "ip",
-            "list",
-            "--port",
-            lb["vip_port_id"].as_str().expect("port"),
-        ],
-    );
+    let fips = floating_ips_on(stack, &lb);
     assert_eq!(fips.as_array().expect("list").len(), 1, "{fips}");
     assert_eq!(
         ip_of(&st),
@@ -727,17 +724,7 @@ async fn honoured_annotations(stack: &Stack, lbs: &dyn LoadBalancer, nodes: &[No
     let l = listener(stack);
     assert_eq!(l["protocol"], "HTTP", "{l}");
     assert_eq!(l["insert_headers"]["X-Forwarded-For"], "true", "{l}");
-    let lb = json(stack, &["loadbalancer", "show", name]);
-    let fips = json(
-        stack,
-        &[
-            "floating",
-            "ip",
-            "list",
-            "--port",
-            lb["vip_port_id"].as_str().expect("port"),
-        ],
-    );
+    let fips = floating_ips_on(stack, &json(stack, &["loadbalancer", "show", name]));
     assert_eq!(fips.as_array().expect("list").len(), 1, "{fips}");
 
     // The annotation goes: the listener is TCP again.
@@ -772,16 +759,7 @@ async fn honoured_annotations(stack: &Stack, lbs: &dyn LoadBalancer, nodes: &[No
             "kube_service_kubernetes_default_nosub",
         ],
     );
-    let fips = json(
-        stack,
-        &[
-            "floating",
-            "ip",
-            "list",
-            "--port",
-            lb["vip_port_id"].as_str().expect("port"),
-        ],
-    );
+    let fips = floating_ips_on(stack, &lb);
     assert_eq!(fips.as_array().expect("list").len(), 0, "{fips}");
     until_done(|| lbs.ensure_load_balancer_deleted(CLUSTER, &nosub))
         .await
@@ -819,16 +797,7 @@ async fn class_and_ingress_hostname(stack: &Stack, subnet: &str, nodes: &[Node])
             "kube_service_kubernetes_default_cls",
         ],
     );
-    let fips = json(
-        stack,
-        &[
-            "floating",
-            "ip",
-            "list",
-            "--port",
-            lb["vip_port_id"].as_str().expect("port"),
-        ],
-    );
+    let fips = floating_ips_on(stack, &lb);
     let fip = fips[0]["Floating IP Address"]
         .as_str()
         .expect("a floating IP from the class's network");
