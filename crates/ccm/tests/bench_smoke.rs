@@ -111,6 +111,31 @@ fn a_burst_runs_on_the_calibrated_model() {
     assert_eq!(burst["converged"], true, "{burst}");
 }
 
+/// API Priority and Fairness pushback: with one seat and no queue kube-sim refuses every
+/// request of the CCM's that arrives while another executes; the CCM waits out the 429s and the
+/// burst still converges.
+#[test]
+fn a_burst_converges_through_a_one_seat_priority_level() {
+    let doc = run_bench(
+        "apf",
+        &[
+            "bench",
+            "burst",
+            "--nodes=20",
+            "--cloud-latency=5ms",
+            "--timeout=120s",
+            "--api-cost=free",
+            "--api-priority-level=1/0",
+        ],
+    );
+    let burst = &doc["scenarios"][0];
+    assert_eq!(burst["converged"], true, "{burst}");
+    assert!(
+        burst["api_429_answers"].as_u64().is_some_and(|n| n > 0),
+        "the CCM was refused: {burst}"
+    );
+}
+
 /// The reference scenario, small: every phase runs, the figures are reported, and none is
 /// compared with the real server's at a size other than the reference run's.
 #[test]

@@ -27,6 +27,48 @@ pub(crate) struct FaultConfig {
     pub down_until: Option<Instant>,
     /// Share of watch events after which the watch is closed instead of delivering them.
     pub watch_drop_rate: f64,
+    /// API Priority and Fairness for the clients of `client_prefix`: seats and a queue.
+    pub priority_level: Option<Arc<PriorityLevel>>,
+}
+
+/// One APF priority level, as kube-apiserver gives a flow schema's clients: at most `seats`
+/// requests executing, up to `queue` more waiting (at most [`PriorityLevel::MAX_WAIT`]), and
+/// 429 with `Retry-After` for the rest. Unlike a fixed refusal rate, the refusals follow the
+/// client's own concurrency: a client that slows down is refused less.
+#[derive(Debug)]
+pub struct PriorityLevel {
+    seats: Arc<tokio::sync::Semaphore>,
+    queue: usize,
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl PriorityLevel {
+    /// How long a queued request may wait for a seat before it is refused (kube-apiserver
+    /// rejects a queued request well before its 60 s timeout).
+    pub const MAX_WAIT: Duration = Duration::from_secs(15);
+
+    fn new(seats: usize, queue: usize) -> Self {
+        PriorityLevel {
+            seats: Arc::new(tokio::sync::Semaphore::new(seats.max(1))),
+            queue,
+            waiting: Default::default(),
+        }
+    }
+
+    /// A seat for one request, held until it is dropped; `None`: refuse with 429.
+    pub async fn admit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        use std::sync::atomic::Ordering;
+        if let Ok(seat) = self.seats.clone().try_acquire_owned() {
+            return Some(seat);
+        }
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.queue {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        let seat = tokio::time::timeout(Self::MAX_WAIT, self.seats.clone().acquire_owned()).await;
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        seat.ok().and_then(Result::ok)
+    }
 }
 
 impl FaultConfig {
@@ -67,6 +109,17 @@ impl FaultConfig {
 }
 
 impl FaultConfig {
+    /// The priority level `client`'s requests of `verb` are admitted by, if any: watches (long
+    /// running, as in APF) and clients outside `client_prefix` go straight through.
+    pub fn priority_level(&self, verb: Verb, client: &str) -> Option<Arc<PriorityLevel>> {
+        let level = self.priority_level.as_ref()?;
+        let outside = self
+            .client_prefix
+            .as_deref()
+            .is_some_and(|p| !client.starts_with(p));
+        (verb != Verb::Watch && !outside).then(|| level.clone())
+    }
+
     /// Whether a watch drops this event (and closes, as kube-apiserver closes a watcher it
     /// cannot deliver to; the client resumes from the last resourceVersion it saw).
     pub fn drop_watch_event(&self) -> bool {
@@ -133,6 +186,14 @@ impl Faults {
         self.cfg.write().client_prefix = prefix;
     }
 
+    /// Admits the requests of the clients of [`Self::set_client_prefix`] through one APF
+    /// priority level of `seats` concurrent requests and a queue of `queue` (`None`: off).
+    /// Refusals are 429 with the `Retry-After` of [`Self::set_retry_after`].
+    pub fn set_priority_level(&self, level: Option<(usize, usize)>) {
+        self.cfg.write().priority_level =
+            level.map(|(seats, queue)| Arc::new(PriorityLevel::new(seats, queue)));
+    }
+
     /// Closes a watch instead of delivering an event, for a fraction `p` of events: what
     /// kube-apiserver does to a watcher that cannot keep up. Nothing is lost for a client that
     /// resumes from its last resourceVersion (or relists on 410).
@@ -174,5 +235,40 @@ impl Faults {
     /// (what an etcd compaction does to a real cluster).
     pub fn compact(&self) {
         self.store.compact();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two seats and a queue of one: two requests execute, a third waits for a seat, a fourth
+    /// is refused; the waiting one runs as soon as a seat frees.
+    #[tokio::test(start_paused = true)]
+    async fn a_priority_level_executes_its_seats_queues_its_queue_and_refuses_the_rest() {
+        let level = Arc::new(PriorityLevel::new(2, 1));
+        let first = level.admit().await.expect("a seat");
+        let _second = level.admit().await.expect("a seat");
+        let queued = tokio::spawn({
+            let level = level.clone();
+            async move { level.admit().await.is_some() }
+        });
+        tokio::task::yield_now().await;
+        assert!(level.admit().await.is_none(), "the queue is full");
+        drop(first);
+        assert!(
+            queued.await.unwrap(),
+            "the queued request gets the freed seat"
+        );
+    }
+
+    /// A queued request that never gets a seat is refused after the wait limit.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_queued_too_long_is_refused() {
+        let level = PriorityLevel::new(1, 10);
+        let _only = level.admit().await.expect("a seat");
+        let start = tokio::time::Instant::now();
+        assert!(level.admit().await.is_none());
+        assert_eq!(start.elapsed(), PriorityLevel::MAX_WAIT);
     }
 }

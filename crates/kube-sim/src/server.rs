@@ -520,10 +520,24 @@ impl Shared {
             return error_resp(&e);
         }
 
-        let (latency, fate, retry_after) = {
+        let (latency, mut fate, retry_after, level) = {
             let f = self.faults.read();
-            (f.latency, f.roll(verb, &client), f.retry_after.max(1))
+            let level = f.priority_level(verb, &client);
+            (
+                f.latency,
+                f.roll(verb, &client),
+                f.retry_after.max(1),
+                level,
+            )
         };
+        // Held until this function returns: the request occupies its seat while it executes.
+        let mut _seat = None;
+        if let (None, Some(level)) = (fate, level) {
+            _seat = level.admit().await;
+            if _seat.is_none() {
+                fate = Some(429);
+            }
+        }
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }

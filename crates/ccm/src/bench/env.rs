@@ -146,11 +146,12 @@ impl Env {
         cluster.bodies = opts.objects;
         if let Some(kube) = &cluster.kube {
             kube.set_cost_model(opts.cost_model()?);
-            if opts.api_429_rate > 0.0 {
+            if opts.api_429_rate > 0.0 || opts.api_priority_level.is_some() {
                 let faults = kube.faults();
                 faults.set_client_prefix(Some(USER_AGENT_BASE.to_string()));
                 faults.set_retry_after(opts.api_retry_after);
                 faults.set_429_rate(None, opts.api_429_rate);
+                faults.set_priority_level(opts.api_priority_level);
             }
         }
         let server = SimServer::start(cloud, SocketAddr::from(([127, 0, 0, 1], 0))).await?;

@@ -187,6 +187,11 @@ pub struct BenchOptions {
     /// Seconds of Retry-After sent with those 429s.
     #[arg(long, default_value_t = 1)]
     pub api_retry_after: u32,
+    /// API Priority and Fairness for the CCM's requests, as `SEATS/QUEUE`: kube-sim executes at
+    /// most SEATS of them at once, queues up to QUEUE more (15 s at most) and answers the rest
+    /// 429 with Retry-After (`--api-retry-after`). The kubelets and the bench are spared.
+    #[arg(long, value_parser = parse_priority_level, value_name = "SEATS/QUEUE")]
+    pub api_priority_level: Option<(usize, usize)>,
     /// Faults of the chaos scenario, in order (repeatable; default: all).
     #[arg(long = "chaos-fault", value_enum)]
     pub chaos_faults: Vec<chaos::Fault>,
@@ -336,4 +341,29 @@ fn machine() -> serde_json::Value {
         .and_then(|s| s.lines().next().map(|l| l.to_string()))
         .unwrap_or_default();
     json!({"cpus": cpus, "memory": mem.trim()})
+}
+
+/// `SEATS/QUEUE` of `--api-priority-level`: at least one seat, any queue.
+fn parse_priority_level(v: &str) -> Result<(usize, usize), String> {
+    let usage = || format!("{v:?}: expected SEATS/QUEUE, e.g. 10/50 (at least one seat)");
+    let (seats, queue) = v.split_once('/').ok_or_else(usage)?;
+    let seats: usize = seats.trim().parse().map_err(|_| usage())?;
+    let queue: usize = queue.trim().parse().map_err(|_| usage())?;
+    if seats == 0 {
+        return Err(usage());
+    }
+    Ok((seats, queue))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_priority_level_is_seats_and_queue_and_a_malformed_one_names_the_form() {
+        assert_eq!(super::parse_priority_level("10/50"), Ok((10, 50)));
+        assert_eq!(super::parse_priority_level("1/0"), Ok((1, 0)));
+        for bad in ["10", "0/5", "a/5", "10/-1", ""] {
+            let e = super::parse_priority_level(bad).expect_err(bad);
+            assert!(e.contains("SEATS/QUEUE"), "{e}");
+        }
+    }
 }
