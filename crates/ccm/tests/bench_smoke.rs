@@ -136,6 +136,62 @@ fn a_burst_converges_through_a_one_seat_priority_level() {
     );
 }
 
+/// A CCM under test that cannot start fails the run at once with its own error, not after
+/// the readiness wait.
+#[test]
+fn a_ccm_that_exits_at_startup_fails_the_run_with_its_own_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args(["bench", "burst", "--nodes=5", "--api-cost=free"])
+        .arg("--ccm-arg=--no-such-flag")
+        .output()
+        .expect("run bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("the CCM under test exited"), "{stderr}");
+    assert!(
+        stderr.contains("--no-such-flag"),
+        "the CCM's own error: {stderr}"
+    );
+}
+
+/// A CCM under test that dies during a scenario fails the run (with its log's tail) instead
+/// of being waited for until the timeout: here a wrapper runs it without the cloud-node
+/// controller (so the burst cannot converge) and SIGKILLs it after a few seconds.
+#[test]
+fn a_ccm_that_dies_mid_scenario_fails_the_run() {
+    let dir = std::env::temp_dir().join(format!("ccm-bench-dies-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let wrapper = dir.join("ccm-dies");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n{} \"$@\" --controllers='*,-cloud-node' &\nsleep 8\nkill -9 $!\nexit 137\n",
+            env!("CARGO_BIN_EXE_ccm")
+        ),
+    )
+    .expect("wrapper");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let out = Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args([
+            "bench",
+            "burst",
+            "--nodes=5",
+            "--api-cost=free",
+            "--timeout=600s",
+        ])
+        .arg(format!("--ccm-bin={}", wrapper.display()))
+        .output()
+        .expect("run bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    assert!(stderr.contains("the CCM under test exited"), "{stderr}");
+}
+
 /// The reference scenario, small: every phase runs, the figures are reported, and none is
 /// compared with the real server's at a size other than the reference run's.
 #[test]

@@ -11,7 +11,7 @@ use super::report::{Registrations, ScenarioResult, percentiles};
 use super::track::{
     Tracker, api_stats, both_latencies, initialized, register_nodes, routed, spinner,
 };
-use crate::cluster::{SimCluster, wait_until};
+use crate::cluster::SimCluster;
 
 pub(super) async fn burst(
     opts: &BenchOptions,
@@ -53,7 +53,8 @@ pub(super) async fn burst_on(
                 if routes_at.is_none() && env.cluster.cloud.route_count() >= n {
                     routes_at = Some(t0.elapsed().as_secs_f64());
                 }
-                if routes_at.is_some() && init.count() >= n {
+                // Done, or never will be: the CCM's exit is reported by the wait below.
+                if routes_at.is_some() && init.count() >= n || env.ccm_exited() {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -69,11 +70,12 @@ pub(super) async fn burst_on(
     let last_registered = registered.values().map(|(_, e)| *e).max();
     let (routes_at, tl) = sampled;
     *timeline = tl;
-    let converged = wait_until(opts.timeout.0, || async {
-        let s = env.cluster.state().await?;
-        Ok(s.initialized == n && s.network_ready == n && s.routes == n)
-    })
-    .await?;
+    let converged = env
+        .until(opts.timeout.0, || async {
+            let s = env.cluster.state().await?;
+            Ok(s.initialized == n && s.network_ready == n && s.routes == n)
+        })
+        .await?;
     let (ready, last_ready) = both_latencies(&init, &net, &created);
     let mut r = ScenarioResult {
         scenario: "burst".into(),
@@ -142,7 +144,9 @@ pub(super) async fn scale_on(env: &Env, opts: &BenchOptions) -> anyhow::Result<S
         created.extend(res?);
     }
     let lbs = created.len();
-    r.converged &= wait_until(opts.timeout.0, || async { Ok(tracker.count() >= lbs) }).await?;
+    r.converged &= env
+        .until(opts.timeout.0, || async { Ok(tracker.count() >= lbs) })
+        .await?;
     r.all_ingress_seconds = Some(t0.elapsed().as_secs_f64());
     r.time_to_ingress = Some(percentiles(tracker.latencies(&created)));
     r.services = opts.scale_services;

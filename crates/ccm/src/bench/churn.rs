@@ -6,7 +6,6 @@ use super::BenchOptions;
 use super::env::Env;
 use super::report::ScenarioResult;
 use super::track::{add_nodes, api_stats, spinner};
-use crate::cluster::wait_until;
 
 pub(super) async fn churn(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     let fault = opts.fault_rate.max(0.1);
@@ -65,16 +64,17 @@ pub(super) async fn churn(opts: &BenchOptions) -> anyhow::Result<ScenarioResult>
     let churn_end = Instant::now();
     let n = live_nodes.len();
     let m = live_svcs.len();
-    let converged = wait_until(opts.timeout.0, || async {
-        let s = env.cluster.state().await?;
-        Ok(s.nodes == n
-            && s.initialized == n
-            && s.routes == n
-            && s.lb_services == m
-            && s.with_ingress == m
-            && s.cloud_lbs == m)
-    })
-    .await?;
+    let converged = env
+        .until(opts.timeout.0, || async {
+            let s = env.cluster.state().await?;
+            Ok(s.nodes == n
+                && s.initialized == n
+                && s.routes == n
+                && s.lb_services == m
+                && s.with_ingress == m
+                && s.cloud_lbs == m)
+        })
+        .await?;
     let lag = churn_end.elapsed().as_secs_f64();
     // Leaks, counted against what should exist.
     let live_svc_names: std::collections::BTreeSet<String> =

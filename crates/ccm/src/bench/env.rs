@@ -15,7 +15,7 @@ use tokio::process::{Child, Command};
 
 use super::BenchOptions;
 use super::report::Usage;
-use crate::cluster::{CLUSTER_CIDR, SimCluster};
+use crate::cluster::{CLUSTER_CIDR, SimCluster, wait_until};
 
 /// The CCM under test, as a child process, with the sim cloud served to it.
 pub(super) struct Env {
@@ -57,10 +57,13 @@ impl Launch {
     }
 
     /// Waits up to 60 s for the CCM's /readyz; a client for its secure port.
-    async fn ready(&self) -> anyhow::Result<Scraper> {
+    async fn ready(&self, pid: u32) -> anyhow::Result<Scraper> {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(100)).await;
+            if exited(pid) {
+                anyhow::bail!(self.exit_report());
+            }
             if let Ok(s) = Scraper::for_cert_dir(self.addr, &self.cert_dir, self.token.clone())
                 && matches!(s.get("/readyz").await, Ok((200, _)))
             {
@@ -70,6 +73,15 @@ impl Launch {
         anyhow::bail!(
             "the CCM under test did not become ready within 60s (log: {})",
             self.log_path.display()
+        )
+    }
+
+    /// What to say when the CCM under test has exited: its log's path and last lines.
+    fn exit_report(&self) -> String {
+        format!(
+            "the CCM under test exited; its log ({}) ends with:\n{}",
+            self.log_path.display(),
+            log_tail(&self.log_path, 20)
         )
     }
 }
@@ -198,7 +210,7 @@ impl Env {
             token: bearer_token(&cluster.kubeconfig),
         };
         let (child, pid) = launch.spawn()?;
-        let http = launch.ready().await?;
+        let http = launch.ready(pid).await?;
         Ok(Env {
             cluster,
             server,
@@ -221,8 +233,37 @@ impl Env {
             .context("reaping the CCM under test")?;
         let (child, pid) = self.launch.spawn()?;
         (self.child, self.pid) = (child, pid);
-        self.http = self.launch.ready().await?;
+        self.http = self.launch.ready(pid).await?;
         Ok(())
+    }
+
+    /// [`wait_until`] that gives up as soon as the CCM under test has exited, with its log's
+    /// path and last lines: a crashed CCM is an error of the run, not a slow convergence.
+    pub(super) async fn until<F, Fut>(
+        &self,
+        timeout: Duration,
+        mut check: F,
+    ) -> anyhow::Result<bool>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<bool>>,
+    {
+        wait_until(timeout, || {
+            let exited = exited(self.pid);
+            let fut = check();
+            async move {
+                if exited {
+                    anyhow::bail!(self.launch.exit_report());
+                }
+                fut.await
+            }
+        })
+        .await
+    }
+
+    /// Whether the CCM under test has exited (for loops that sample rather than wait).
+    pub(super) fn ccm_exited(&self) -> bool {
+        exited(self.pid)
     }
 
     pub(super) fn usage(&self) -> Usage {
@@ -270,4 +311,21 @@ impl Env {
         let _ = self.child.kill().await;
         let _ = self.server.shutdown().await;
     }
+}
+
+/// Whether process `pid` is gone or a zombie (exited, not yet reaped).
+fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| matches!(state, "Z" | "X"))
+    })
+}
+
+/// The last `n` lines of `path` (empty when it cannot be read).
+fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }

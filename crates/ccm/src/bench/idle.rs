@@ -6,7 +6,6 @@ use super::env::Env;
 use super::report::{IdleResult, ScenarioResult};
 use super::track::{add_nodes, add_services, spinner};
 use super::{BenchOptions, RouteMode};
-use crate::cluster::wait_until;
 
 pub(super) async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     let started = Instant::now();
@@ -31,20 +30,22 @@ pub(super) async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> 
         let env = Env::start(opts, 0.0, &extra).await?;
         let n = opts.nodes as usize;
         add_nodes(&env.cluster, 0..opts.nodes, opts.kubelets).await?;
-        let ok = wait_until(opts.timeout.0, || async {
-            let s = env.cluster.state().await?;
-            Ok(s.initialized == n && s.network_ready == n && s.routes == n)
-        })
-        .await?;
+        let ok = env
+            .until(opts.timeout.0, || async {
+                let s = env.cluster.state().await?;
+                Ok(s.initialized == n && s.network_ready == n && s.routes == n)
+            })
+            .await?;
         r.converged &= ok;
         // The LB phase before the quiet window, as in the issue 17 real-server soak.
         add_services(&env.cluster, "idle-lb", opts.services).await?;
         let m = opts.services as usize;
-        r.converged &= wait_until(opts.timeout.0, || async {
-            let s = env.cluster.state().await?;
-            Ok(s.with_ingress == m)
-        })
-        .await?;
+        r.converged &= env
+            .until(opts.timeout.0, || async {
+                let s = env.cluster.state().await?;
+                Ok(s.with_ingress == m)
+            })
+            .await?;
         // Let trailing work (events, the last sync) finish before the window starts.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let drain_seconds = drain_requests(&env, opts.timeout.0).await;

@@ -7,7 +7,6 @@ use super::BenchOptions;
 use super::env::Env;
 use super::report::{ScenarioResult, percentiles};
 use super::track::{Tracker, add_nodes, both_latencies, initialized, routed, spinner};
-use crate::cluster::wait_until;
 
 /// Nodes joining a quiet cluster one at a time: each is timed from its kubelet's first
 /// request to routed and to initialized.
@@ -21,11 +20,12 @@ pub(super) async fn join(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> 
     let env = Env::start(opts, 0.0, &[]).await?;
     add_nodes(&env.cluster, 0..base, opts.kubelets).await?;
     let b = base as usize;
-    let mut converged = wait_until(opts.timeout.0, || async {
-        let s = env.cluster.state().await?;
-        Ok(s.initialized == b && s.network_ready == b && s.routes == b)
-    })
-    .await?;
+    let mut converged = env
+        .until(opts.timeout.0, || async {
+            let s = env.cluster.state().await?;
+            Ok(s.initialized == b && s.network_ready == b && s.routes == b)
+        })
+        .await?;
     let client = env.cluster.user_client();
     let init = Tracker::nodes(client.clone(), initialized);
     let net = Tracker::nodes(client, routed);
@@ -36,11 +36,12 @@ pub(super) async fn join(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> 
         let t = Instant::now();
         let name = env.cluster.add_node(i).await?;
         created.insert(name.clone(), t);
-        converged &= wait_until(opts.timeout.0, || async {
-            let (i, r) = (init.first.lock(), net.first.lock());
-            Ok(i.contains_key(&name) && r.contains_key(&name))
-        })
-        .await?;
+        converged &= env
+            .until(opts.timeout.0, || async {
+                let (i, r) = (init.first.lock(), net.first.lock());
+                Ok(i.contains_key(&name) && r.contains_key(&name))
+            })
+            .await?;
     }
     let (ready, _) = both_latencies(&init, &net, &created);
     let mut r = ScenarioResult {

@@ -6,7 +6,6 @@ use super::BenchOptions;
 use super::env::Env;
 use super::report::ScenarioResult;
 use super::track::{add_cluster_ip_services, add_nodes, api_stats, spinner};
-use crate::cluster::wait_until;
 
 pub(super) async fn memory(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     let pb = spinner(&format!(
@@ -22,11 +21,12 @@ pub(super) async fn memory(opts: &BenchOptions) -> anyhow::Result<ScenarioResult
     nodes?;
     svcs?;
     let n = opts.memory_nodes as usize;
-    let converged = wait_until(opts.timeout.0, || async {
-        let s = env.cluster.state().await?;
-        Ok(s.initialized == n && s.routes == n && s.network_ready == n)
-    })
-    .await?;
+    let converged = env
+        .until(opts.timeout.0, || async {
+            let s = env.cluster.state().await?;
+            Ok(s.initialized == n && s.routes == n && s.network_ready == n)
+        })
+        .await?;
     // Steady state: let caches settle, then read.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut r = ScenarioResult {

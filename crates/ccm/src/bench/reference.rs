@@ -18,7 +18,7 @@ use super::BenchOptions;
 use super::env::Env;
 use super::report::{Percentiles, ScenarioResult, percentiles};
 use super::track::{Tracker, initialized, routed, spinner};
-use crate::cluster::{Bodies, wait_until};
+use crate::cluster::Bodies;
 
 /// One figure of the reference run, measured here and (at the reference run's sizes) there.
 #[derive(Debug, Clone, Serialize)]
@@ -142,10 +142,11 @@ async fn burst(env: &Env, opts: &BenchOptions, m: &mut Measured) -> anyhow::Resu
     let t0 = Instant::now();
     let registered = register(env, 0..opts.nodes, opts.kubelets).await?;
     let n = opts.nodes as usize;
-    let converged = wait_until(opts.timeout.0, || async {
-        Ok(init.count() >= n && net.count() >= n)
-    })
-    .await?;
+    let converged = env
+        .until(opts.timeout.0, || async {
+            Ok(init.count() >= n && net.count() >= n)
+        })
+        .await?;
     // Time zero per Node is when its POST returned, as in the reference run.
     let created: HashMap<String, Instant> = registered
         .iter()
@@ -210,7 +211,9 @@ async fn services(
         .into_iter()
         .collect::<anyhow::Result<HashMap<_, _>>>()?;
     let want = created.len();
-    let ok = wait_until(opts.timeout.0, || async { Ok(tracker.count() >= want) }).await?;
+    let ok = env
+        .until(opts.timeout.0, || async { Ok(tracker.count() >= want) })
+        .await?;
     let p = percentiles(tracker.latencies(&created));
     set_percentiles(m, ["(c) ingress p50, s", "(c) ingress p99, s"], p);
     m.set("(c) CCM peak RSS, MB", env.usage().peak_rss_mb);
@@ -259,15 +262,16 @@ async fn join_one(env: &Env, opts: &BenchOptions, i: u32) -> anyhow::Result<(boo
     );
     // Both trackers list what exists (Nodes 0..i) first; the join is timed from after that.
     let settled = i as usize;
-    wait_until(opts.timeout.0, || async {
+    env.until(opts.timeout.0, || async {
         Ok(init.count() >= settled && net.count() >= settled)
     })
     .await?;
     let (name, t) = env.cluster.register(i).await?;
-    let ok = wait_until(opts.timeout.0, || async {
-        Ok(init.first.lock().contains_key(&name) && net.first.lock().contains_key(&name))
-    })
-    .await?;
+    let ok = env
+        .until(opts.timeout.0, || async {
+            Ok(init.first.lock().contains_key(&name) && net.first.lock().contains_key(&name))
+        })
+        .await?;
     let created = HashMap::from([(name, t)]);
     let one = |t: &Tracker| t.latencies(&created).first().copied().unwrap_or(f64::NAN);
     Ok((ok, (one(&init), one(&net))))

@@ -6,7 +6,6 @@ use super::BenchOptions;
 use super::env::Env;
 use super::report::{ScenarioResult, percentiles};
 use super::track::{Tracker, add_nodes, add_services, api_stats, spinner};
-use crate::cluster::wait_until;
 
 pub(super) async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     let pb = spinner(&format!(
@@ -17,15 +16,18 @@ pub(super) async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResu
     let env = Env::start(opts, opts.fault_rate, &[]).await?;
     let n = opts.nodes as usize;
     add_nodes(&env.cluster, 0..opts.nodes, opts.kubelets).await?;
-    let mut converged = wait_until(opts.timeout.0, || async {
-        Ok(env.cluster.state().await?.initialized == n)
-    })
-    .await?;
+    let mut converged = env
+        .until(opts.timeout.0, || async {
+            Ok(env.cluster.state().await?.initialized == n)
+        })
+        .await?;
     let tracker = Tracker::services(env.cluster.user_client());
     let t0 = Instant::now();
     let created = add_services(&env.cluster, "lb", opts.services).await?;
     let m = opts.services as usize;
-    let all = wait_until(opts.timeout.0, || async { Ok(tracker.count() >= m) }).await?;
+    let all = env
+        .until(opts.timeout.0, || async { Ok(tracker.count() >= m) })
+        .await?;
     let all_ingress = t0.elapsed().as_secs_f64();
     converged &= all;
     let updates_before = env
@@ -34,11 +36,12 @@ pub(super) async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResu
         .call_count(ccm_cloud::op::UPDATE_LOAD_BALANCER);
     let t1 = Instant::now();
     env.cluster.add_node(opts.nodes).await?;
-    let joined = wait_until(opts.timeout.0, || async {
-        let hosts = env.cluster.cloud.load_balancer_host_counts();
-        Ok(hosts.len() == m && hosts.iter().all(|h| *h == n + 1))
-    })
-    .await?;
+    let joined = env
+        .until(opts.timeout.0, || async {
+            let hosts = env.cluster.cloud.load_balancer_host_counts();
+            Ok(hosts.len() == m && hosts.iter().all(|h| *h == n + 1))
+        })
+        .await?;
     converged &= joined;
     // Every update the join causes, not only the first pass that reached all LBs: a second
     // pass (e.g. when the providerID arrives) lands up to a node-sync window later. The count
