@@ -305,6 +305,19 @@ impl MetalCloud {
     }
 }
 
+/// Whether `svc` shows (in its status) the address that `err` says another Service holds.
+fn shows_held_elsewhere(svc: &Service, err: &AllocError) -> bool {
+    let AllocError::InUse { ip, .. } = err else {
+        return false;
+    };
+    let shown = ip.to_string();
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .is_some_and(|i| i.iter().any(|i| i.ip.as_deref() == Some(shown.as_str())))
+}
+
 /// A Service waiting for an address (pool full, address held, no pool yet) is not polled: the
 /// provider requeues it through [`LoadBalancer::service_requeues`] the moment an address frees
 /// or the pools change, and the controller's per-Service backoff (5 s → 300 s) is the fallback
@@ -353,13 +366,13 @@ impl LoadBalancer for MetalCloud {
     ) -> CloudResult<LoadBalancerStatus> {
         let req = request_from(service).map_err(to_cloud)?;
         let lb = &self.inner.lb;
-        let (result, freed) = self
+        let (result, freed, holds_nothing) = self
             .with_allocator(|a| {
                 let before = a.taken_by(&req.key);
                 let result = a.assign(&req);
                 let waiting = result.as_ref().err().is_some_and(is_waiting);
                 let freed = lb.settle(a, &req.key, &before, waiting);
-                Ok((result, freed))
+                Ok((result, freed, a.held(&req.key).is_none()))
             })
             .await?;
         if freed {
@@ -368,7 +381,14 @@ impl LoadBalancer for MetalCloud {
         }
         let ips = match result {
             Ok(ips) => ips,
-            Err(e @ AllocError::Released(_)) => {
+            // Gave its addresses up now, or earlier with a clean-up that failed (a conflict on
+            // kube-vip's annotation): a Service must not show an address another Service
+            // holds, or two Services show one IP:port. (An address that left the pools stays
+            // shown: that LB keeps serving.)
+            Err(e)
+                if matches!(e, AllocError::Released(_))
+                    || holds_nothing && shows_held_elsewhere(service, &e) =>
+            {
                 self.withdraw_vips(service).await?;
                 self.clear_status(service).await?;
                 return Err(to_cloud(e));

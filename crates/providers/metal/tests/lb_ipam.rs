@@ -346,3 +346,71 @@ async fn an_address_a_pool_edit_leaves_uncovered_is_kept_and_reported() {
     );
     ccm.stop().await;
 }
+
+/// A sharer whose ports come to clash with its partner's gives the shared address up; when
+/// the first clean-up write is refused (a 409 on kube-vip's annotation), the retry still takes
+/// the address off it — it must not keep showing an IP:port another Service holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharer_that_gave_its_address_up_is_cleared_even_when_the_first_clean_up_conflicts() {
+    let dir = TempDir::new("lb-giveup");
+    let (kube, kubeconfig, client) = kube_sim(&dir.0).await;
+    let cloud_config = dir.0.join("metal.toml");
+    std::fs::write(
+        &cloud_config,
+        format!("{CONFIG}\n[load_balancer]\nkube_vip_annotation = true\n"),
+    )
+    .expect("config");
+    let ccm = Ccm::start(&kubeconfig, &cloud_config, &["--controllers=service"])
+        .await
+        .expect("ccm starts");
+    let api: Api<Service> = Api::namespaced(client.clone(), "default");
+    let key = [("metal.ccm-rs.io/allow-shared-ip", "k")];
+    for (name, port) in [("share-a", 80), ("share-b", 81)] {
+        api.create(
+            &PostParams::default(),
+            &service(name, &key, &[(port, "TCP")]),
+        )
+        .await
+        .expect("create");
+    }
+    wait_for("one shared address", || async {
+        let (a, b) = (
+            ingress(&api, "share-a").await,
+            ingress(&api, "share-b").await,
+        );
+        !a.is_empty() && a == b
+    })
+    .await;
+    let shared = ingress(&api, "share-a").await;
+    // The CCM's next write to a Service object (the annotation's clean-up) is refused once;
+    // the port change below is an update, not a patch.
+    kube.faults()
+        .conflict_next(ccm_kube_sim::Verb::Patch, "services", "", 1);
+    let mut b = api.get("share-b").await.expect("share-b");
+    b.spec
+        .as_mut()
+        .expect("spec")
+        .ports
+        .as_mut()
+        .expect("ports")[0]
+        .port = 80;
+    api.replace("share-b", &PostParams::default(), &b)
+        .await
+        .expect("clashing port");
+    wait_for("share-b shows no address", || async {
+        let svc = api.get("share-b").await.expect("share-b");
+        let annotated = svc
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("kube-vip.io/loadbalancerIPs");
+        ingress(&api, "share-b").await.is_empty() && !annotated
+    })
+    .await;
+    assert_eq!(
+        ingress(&api, "share-a").await,
+        shared,
+        "the holder keeps it"
+    );
+    ccm.stop().await;
+}
