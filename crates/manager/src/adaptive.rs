@@ -14,11 +14,11 @@
 //! a share of requests slows this client by that share, not by the length of the waits.
 //!
 //! The baseline is shared by all clients of one process ([`Baseline`]): the leader elector's
-//! lease renewals (on the admin client, which is observed but never limited) teach it what a
-//! write costs on an idle server before a burst starts, so a controller whose first write
-//! arrives in the middle of a burst does not take the loaded latency for normal. The limit is
-//! per client, as each controller has its own client and budget: one controller's burst never
-//! makes another's requests wait.
+//! lease renewals (on its own client, observed but never limited, as the admin client is)
+//! teach it what a write costs on an idle server before a burst starts, so a controller whose
+//! first write arrives in the middle of a burst does not take the loaded latency for normal.
+//! The limit is per client, as each controller has its own client and budget: one controller's
+//! burst never makes another's requests wait.
 //!
 //! Watches and other long-running requests are neither limited by latency nor sampled: their
 //! duration is the stream's, not the server's cost.
@@ -453,8 +453,9 @@ where
     }
 }
 
-/// Feeds a [`Baseline`] without limiting anything: on the admin client, whose lease renewals
-/// must never wait, so the baseline learns an idle server's latency before a burst.
+/// Feeds a [`Baseline`] without limiting anything: on the leader elector's client, whose lease
+/// renewals must never wait and teach the baseline an idle server's latency before a burst,
+/// and on the admin client.
 #[derive(Clone)]
 pub struct ObserveLayer {
     baseline: Baseline,

@@ -189,9 +189,9 @@ where
 pub enum InFlight {
     /// A fixed bound.
     Fixed(usize),
-    /// A fixed bound, its responses teaching the shared [`Baseline`]: the admin client, whose
-    /// lease renewals must never wait behind an adaptive limit and whose renewals measure the
-    /// idle server.
+    /// A fixed bound, its responses teaching the shared [`Baseline`]: the leader elector's
+    /// client, whose lease renewals must never wait behind an adaptive limit and measure the
+    /// idle server, and the admin client.
     Observed(usize, Baseline),
     /// An [`AdaptiveLimit`]: a controller's client.
     Adaptive(AdaptiveLimit),
