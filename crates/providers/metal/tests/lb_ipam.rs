@@ -349,7 +349,8 @@ async fn an_address_a_pool_edit_leaves_uncovered_is_kept_and_reported() {
 
 /// A sharer whose ports come to clash with its partner's gives the shared address up; when
 /// the first clean-up write is refused (a 409 on kube-vip's annotation), the retry still takes
-/// the address off it — it must not keep showing an IP:port another Service holds.
+/// the address off it — it must not keep showing an IP:port another Service holds — and it
+/// goes on to an address of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharer_that_gave_its_address_up_is_cleared_even_when_the_first_clean_up_conflicts() {
     let dir = TempDir::new("lb-giveup");
@@ -397,14 +398,18 @@ async fn a_sharer_that_gave_its_address_up_is_cleared_even_when_the_first_clean_
     api.replace("share-b", &PostParams::default(), &b)
         .await
         .expect("clashing port");
-    wait_for("share-b shows no address", || async {
+    // Cleared, then (auto-assigned: it asked for no address) an address of its own.
+    wait_for("share-b no longer shows the shared address", || async {
         let svc = api.get("share-b").await.expect("share-b");
-        let annotated = svc
+        let note = svc
             .metadata
             .annotations
             .unwrap_or_default()
-            .contains_key("kube-vip.io/loadbalancerIPs");
-        ingress(&api, "share-b").await.is_empty() && !annotated
+            .get("kube-vip.io/loadbalancerIPs")
+            .cloned()
+            .unwrap_or_default();
+        let shown = ingress(&api, "share-b").await;
+        !shown.iter().any(|ip| shared.contains(ip)) && !shared.iter().any(|ip| note.contains(ip))
     })
     .await;
     assert_eq!(
