@@ -531,12 +531,12 @@ impl Shared {
             )
         };
         // Held until this function returns: the request occupies its seat while it executes.
-        let mut _seat = None;
-        if let (None, Some(level)) = (fate, level) {
-            _seat = level.admit().await;
-            if _seat.is_none() {
-                fate = Some(429);
-            }
+        let seat = match (fate, level) {
+            (None, Some(level)) => Some(level.admit().await),
+            _ => None,
+        };
+        if matches!(seat, Some(None)) {
+            fate = Some(429);
         }
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;

@@ -249,7 +249,7 @@ impl Env {
         Fut: std::future::Future<Output = anyhow::Result<bool>>,
     {
         wait_until(timeout, || {
-            let exited = exited(self.pid);
+            let exited = self.ccm_exited();
             let fut = check();
             async move {
                 if exited {

@@ -138,7 +138,7 @@ pub fn adoption_order(services: &[Service]) -> Vec<Request> {
             // A Service whose annotations are now contradictory still holds what it shows.
             let req = request_from(s).unwrap_or_else(|_| Request {
                 key: key_of(s),
-                current: request_from_status(s),
+                current: crate::kube_vip::status_ips(s),
                 ..Default::default()
             });
             (!req.current.is_empty()).then(|| {
@@ -153,19 +153,6 @@ pub fn adoption_order(services: &[Service]) -> Vec<Request> {
         .collect();
     shown.sort_by(|a, b| (&a.0, &a.1.key).cmp(&(&b.0, &b.1.key)));
     shown.into_iter().map(|(_, r)| r).collect()
-}
-
-fn request_from_status(svc: &Service) -> Vec<IpAddr> {
-    svc.status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .map(|ing| {
-            ing.iter()
-                .filter_map(|i| i.ip.as_deref()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 impl MetalCloud {
@@ -307,15 +294,7 @@ impl MetalCloud {
 
 /// Whether `svc` shows (in its status) the address that `err` says another Service holds.
 fn shows_held_elsewhere(svc: &Service, err: &AllocError) -> bool {
-    let AllocError::InUse { ip, .. } = err else {
-        return false;
-    };
-    let shown = ip.to_string();
-    svc.status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .is_some_and(|i| i.iter().any(|i| i.ip.as_deref() == Some(shown.as_str())))
+    matches!(err, AllocError::InUse { ip, .. } if crate::kube_vip::status_ips(svc).contains(ip))
 }
 
 /// A Service waiting for an address (pool full, address held, no pool yet) is not polled: the
