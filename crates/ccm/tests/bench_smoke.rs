@@ -140,13 +140,13 @@ fn a_burst_converges_through_a_one_seat_priority_level() {
 /// the readiness wait.
 #[test]
 fn a_ccm_that_exits_at_startup_fails_the_run_with_its_own_error() {
-    let out = Command::new(env!("CARGO_BIN_EXE_ccm"))
-        .args(["bench", "burst", "--nodes=5", "--api-cost=free"])
-        .arg("--ccm-arg=--no-such-flag")
-        .output()
-        .expect("run bench");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let stderr = bench_failure(&[
+        "bench",
+        "burst",
+        "--nodes=5",
+        "--api-cost=free",
+        "--ccm-arg=--no-such-flag",
+    ]);
     assert!(stderr.contains("the CCM under test exited"), "{stderr}");
     assert!(
         stderr.contains("--no-such-flag"),
@@ -175,20 +175,15 @@ fn a_ccm_that_dies_mid_scenario_fails_the_run() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .expect("chmod");
-    let out = Command::new(env!("CARGO_BIN_EXE_ccm"))
-        .args([
-            "bench",
-            "burst",
-            "--nodes=5",
-            "--api-cost=free",
-            "--timeout=600s",
-        ])
-        .arg(format!("--ccm-bin={}", wrapper.display()))
-        .output()
-        .expect("run bench");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = bench_failure(&[
+        "bench",
+        "burst",
+        "--nodes=5",
+        "--api-cost=free",
+        "--timeout=600s",
+        &format!("--ccm-bin={}", wrapper.display()),
+    ]);
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(!out.status.success());
     assert!(stderr.contains("the CCM under test exited"), "{stderr}");
 }
 
@@ -226,20 +221,13 @@ fn the_reference_scenario_runs_small_and_compares_only_at_its_size() {
     assert_eq!(figure("(d) UpdateLoadBalancer calls")["measured"], 4.0);
     assert!(rows.iter().all(|row| row["real"].is_null()), "{r}");
     // A malformed knob names itself and the fix.
-    let out = Command::new(env!("CARGO_BIN_EXE_ccm"))
-        .args([
-            "bench",
-            "burst",
-            "--api-cost=calibrated",
-            "--api-cost-knob=wrte=1",
-        ])
-        .output()
-        .expect("run bench");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("wrte=1"),
-        "{stderr}"
-    );
+    let stderr = bench_failure(&[
+        "bench",
+        "burst",
+        "--api-cost=calibrated",
+        "--api-cost-knob=wrte=1",
+    ]);
+    assert!(stderr.contains("wrte=1"), "{stderr}");
 }
 
 /// Runs `ccm bench` with `args` plus `--json` into a fresh directory named after `tag`; the
@@ -263,4 +251,15 @@ fn run_bench(tag: &str, args: &[&str]) -> serde_json::Value {
     let doc = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
     let _ = std::fs::remove_dir_all(&dir);
     doc
+}
+
+/// Runs `ccm bench` with `args`, asserts that it failed, and returns what it wrote to stderr.
+fn bench_failure(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ccm"))
+        .args(args)
+        .output()
+        .expect("run bench");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "bench succeeded: {stderr}");
+    stderr
 }

@@ -76,6 +76,36 @@ async fn warnings(client: &kube::Client, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// kube-sim and a CCM running the service controller on [`CONFIG`] with kube-vip's annotation
+/// on.
+async fn with_kube_vip_annotation(
+    tag: &str,
+) -> (TempDir, ccm_kube_sim::KubeSim, kube::Client, Ccm) {
+    let dir = TempDir::new(tag);
+    let (kube, kubeconfig, client) = kube_sim(&dir.0).await;
+    let cloud_config = dir.0.join("metal.toml");
+    std::fs::write(
+        &cloud_config,
+        format!("{CONFIG}\n[load_balancer]\nkube_vip_annotation = true\n"),
+    )
+    .expect("config");
+    let ccm = Ccm::start(&kubeconfig, &cloud_config, &["--controllers=service"])
+        .await
+        .expect("ccm starts");
+    (dir, kube, client, ccm)
+}
+
+/// The Service's `kube-vip.io/loadbalancerIPs` annotation.
+async fn kube_vip_note(api: &Api<Service>, name: &str) -> Option<String> {
+    api.get(name)
+        .await
+        .expect("get service")
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .remove("kube-vip.io/loadbalancerIPs")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pools_requests_sharing_exhaustion_and_restart() {
     let dir = TempDir::new("lb");
@@ -228,17 +258,7 @@ async fn pools_requests_sharing_exhaustion_and_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_vip_annotation_publishes_auto_assigned_addresses() {
-    let dir = TempDir::new("lb-kv");
-    let (_kube, kubeconfig, client) = kube_sim(&dir.0).await;
-    let cloud_config = dir.0.join("metal.toml");
-    std::fs::write(
-        &cloud_config,
-        format!("{CONFIG}\n[load_balancer]\nkube_vip_annotation = true\n"),
-    )
-    .expect("config");
-    let ccm = Ccm::start(&kubeconfig, &cloud_config, &["--controllers=service"])
-        .await
-        .expect("ccm starts");
+    let (_dir, _kube, client, ccm) = with_kube_vip_annotation("lb-kv").await;
     let api: Api<Service> = Api::namespaced(client.clone(), "default");
     api.create(&PostParams::default(), &service("web", &[], &[(80, "TCP")]))
         .await
@@ -246,13 +266,7 @@ async fn kube_vip_annotation_publishes_auto_assigned_addresses() {
     wait_for(
         "kube-vip annotation equals the assigned address",
         || async {
-            let svc = api.get("web").await.expect("web");
-            let note = svc
-                .metadata
-                .annotations
-                .unwrap_or_default()
-                .get("kube-vip.io/loadbalancerIPs")
-                .cloned();
+            let note = kube_vip_note(&api, "web").await;
             note.is_some() && note == ingress(&api, "web").await.first().cloned()
         },
     )
@@ -353,17 +367,7 @@ async fn an_address_a_pool_edit_leaves_uncovered_is_kept_and_reported() {
 /// goes on to an address of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharer_that_gave_its_address_up_is_cleared_even_when_the_first_clean_up_conflicts() {
-    let dir = TempDir::new("lb-giveup");
-    let (kube, kubeconfig, client) = kube_sim(&dir.0).await;
-    let cloud_config = dir.0.join("metal.toml");
-    std::fs::write(
-        &cloud_config,
-        format!("{CONFIG}\n[load_balancer]\nkube_vip_annotation = true\n"),
-    )
-    .expect("config");
-    let ccm = Ccm::start(&kubeconfig, &cloud_config, &["--controllers=service"])
-        .await
-        .expect("ccm starts");
+    let (_dir, kube, client, ccm) = with_kube_vip_annotation("lb-giveup").await;
     let api: Api<Service> = Api::namespaced(client.clone(), "default");
     let key = [("metal.ccm-rs.io/allow-shared-ip", "k")];
     for (name, port) in [("share-a", 80), ("share-b", 81)] {
@@ -400,14 +404,7 @@ async fn a_sharer_that_gave_its_address_up_is_cleared_even_when_the_first_clean_
         .expect("clashing port");
     // Cleared, then (auto-assigned: it asked for no address) an address of its own.
     wait_for("share-b no longer shows the shared address", || async {
-        let svc = api.get("share-b").await.expect("share-b");
-        let note = svc
-            .metadata
-            .annotations
-            .unwrap_or_default()
-            .get("kube-vip.io/loadbalancerIPs")
-            .cloned()
-            .unwrap_or_default();
+        let note = kube_vip_note(&api, "share-b").await.unwrap_or_default();
         let shown = ingress(&api, "share-b").await;
         !shown.iter().any(|ip| shared.contains(ip)) && !shared.iter().any(|ip| note.contains(ip))
     })
