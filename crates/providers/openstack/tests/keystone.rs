@@ -4,6 +4,9 @@
 //! expiry, a revoked token replaced on the service's 401, a wrong password an error that does
 //! not carry it, and a catalog without compute an error for every Node, never "gone".
 
+#[allow(dead_code)]
+mod support;
+
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -29,14 +32,6 @@ fn venv() -> PathBuf {
         v.display()
     );
     v
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
 }
 
 /// gunicorn serving Keystone, in a wrapper that exits when its stdin closes: a test binary that
@@ -66,7 +61,7 @@ impl Drop for Keystone {
 
 fn start_keystone() -> Keystone {
     let venv = venv();
-    let port = free_port();
+    let port = support::free_ports(1);
     let dir = std::env::temp_dir().join(format!("ccm-keystone-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testenv/keystone.sh");
