@@ -50,16 +50,10 @@ pub const HONOURED_ANNOTATIONS: &[&str] = &[
 pub const OUTPUT_ANNOTATIONS: &[&str] = &["load-balancer-address"];
 
 /// Annotations refused, after `loadbalancer.openstack.org/`, with the reason.
-pub const REFUSED_ANNOTATIONS: &[(&str, &str)] = &[
-    (
-        "default-tls-container-ref",
-        "TLS-terminating listeners (Barbican) are not built",
-    ),
-    (
-        "health-monitor-type",
-        "the monitor type follows the listener protocol (TCP, UDP-CONNECT, SCTP)",
-    ),
-];
+pub const REFUSED_ANNOTATIONS: &[(&str, &str)] = &[(
+    "default-tls-container-ref",
+    "TLS-terminating listeners (Barbican) are not built",
+)];
 
 /// `[LoadBalancer]` keys this provider acts on.
 pub const HONOURED_KEYS: &[&str] = &[

@@ -115,10 +115,14 @@ struct Member {
     protocol_port: i32,
     #[serde(default)]
     subnet_id: Option<String>,
+    #[serde(default)]
+    monitor_port: Option<i32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 struct Monitor {
+    #[serde(rename = "type")]
+    kind: String,
     delay: u64,
     timeout: u64,
     max_retries: u32,
@@ -138,6 +142,28 @@ pub struct OctaviaLb {
     pub(crate) cloud: OpenStackCloud,
     pub(crate) config: LbConfig,
 }
+
+/// Where the members' health is probed. A Service with `externalTrafficPolicy: Local` has
+/// kube-proxy answer `GET /healthz` on its `healthCheckNodePort` with 200 only on Nodes that
+/// hold a ready endpoint: upstream's HTTP monitor there takes the other Nodes out of the pool
+/// before they drop connections. Without one, the traffic port is probed.
+#[derive(Debug, Clone, Copy, Default)]
+struct HealthCheck {
+    node_port: Option<i32>,
+    /// Octavia takes HTTP monitors on UDP pools (API 2.16 and later).
+    on_udp: bool,
+}
+
+impl HealthCheck {
+    /// The health-check port for a pool of `proto`, when the HTTP monitor applies to it.
+    fn port_for(self, proto: &str) -> Option<i32> {
+        self.node_port.filter(|_| proto != "UDP" || self.on_udp)
+    }
+}
+
+/// The first Octavia API version with HTTP monitors on UDP pools (upstream's
+/// `OctaviaFeatureHTTPMonitorsOnUDP`).
+const HTTP_MONITORS_ON_UDP: u32 = 16;
 
 /// What one Service port asks for.
 struct Want {
@@ -340,6 +366,7 @@ impl OctaviaLb {
                 "pools",
             )
             .await?;
+        let hc = self.health_check(opts, svc).await?;
         for (i, port) in ports.iter().enumerate() {
             if port.node_port.unwrap_or(0) == 0 {
                 continue;
@@ -357,7 +384,7 @@ impl OctaviaLb {
                 continue;
             };
             let id = p["id"].as_str().unwrap_or_default().to_string();
-            let want = members(opts, port, nodes, lb.vip_subnet_id.as_deref());
+            let want = members(opts, port, nodes, lb.vip_subnet_id.as_deref(), hc);
             self.fix_members(&lb.id, &id, want).await?;
         }
         Ok(())
@@ -405,7 +432,9 @@ fn members(
     port: &ServicePort,
     nodes: &[Node],
     subnet: Option<&str>,
+    hc: HealthCheck,
 ) -> Vec<Value> {
+    let monitor_port = protocol(port).ok().and_then(|p| hc.port_for(p));
     let mut out: Vec<Value> = nodes
         .iter()
         .filter_map(|n| {
@@ -424,6 +453,9 @@ fn members(
             if let Some(s) = opts.member_subnet_id.as_deref().or(subnet) {
                 m["subnet_id"] = json!(s);
             }
+            if let Some(p) = monitor_port {
+                m["monitor_port"] = json!(p);
+            }
             Some(m)
         })
         .collect();
@@ -431,14 +463,21 @@ fn members(
     out
 }
 
-fn monitor_body(m: &MonitorOpts, proto: &str, name: String) -> Value {
+fn monitor_body(m: &MonitorOpts, proto: &str, name: String, hc: HealthCheck) -> Value {
     let kind = match proto {
+        _ if hc.port_for(proto).is_some() => "HTTP",
         "UDP" => "UDP-CONNECT",
         "SCTP" => "SCTP",
         _ => "TCP",
     };
-    json!({"name": name, "type": kind, "delay": m.delay, "timeout": m.timeout,
-           "max_retries": m.max_retries, "max_retries_down": m.max_retries_down})
+    let mut v = json!({"name": name, "type": kind, "delay": m.delay, "timeout": m.timeout,
+           "max_retries": m.max_retries, "max_retries_down": m.max_retries_down});
+    if kind == "HTTP" {
+        v["url_path"] = json!("/healthz");
+        v["http_method"] = json!("GET");
+        v["expected_codes"] = json!("200");
+    }
+    v
 }
 
 fn source_ranges(svc: &Service) -> Vec<String> {
@@ -462,6 +501,7 @@ fn wants(
     svc: &Service,
     nodes: &[Node],
     subnet: Option<&str>,
+    hc: HealthCheck,
 ) -> CloudResult<Vec<Want>> {
     let spec = svc.spec.clone().unwrap_or_default();
     let ports = spec.ports.unwrap_or_default();
@@ -517,11 +557,11 @@ fn wants(
             Ok(Want {
                 listener,
                 pool,
-                members: members(opts, p, nodes, subnet),
+                members: members(opts, p, nodes, subnet, hc),
                 monitor: opts
                     .monitor
                     .as_ref()
-                    .map(|m| monitor_body(m, proto, named("monitor", p.port, name))),
+                    .map(|m| monitor_body(m, proto, named("monitor", p.port, name), hc)),
             })
         })
         .collect()
@@ -846,24 +886,39 @@ impl OctaviaLb {
                 "members",
             )
             .await?;
-        let have: BTreeSet<(String, String, i64, Option<String>)> = have
+        type Key = (String, String, i64, Option<i64>, Option<String>);
+        let have: BTreeSet<Key> = have
             .into_iter()
-            .map(|m| (m.address, m.name, i64::from(m.protocol_port), m.subnet_id))
+            .map(|m| {
+                let port = i64::from(m.protocol_port);
+                (
+                    m.address,
+                    m.name,
+                    port,
+                    m.monitor_port.map(i64::from),
+                    m.subnet_id,
+                )
+            })
             .collect();
-        let wanted: BTreeSet<(String, String, i64, Option<String>)> = want
+        let wanted: BTreeSet<Key> = want
             .iter()
             .map(|m| {
                 (
                     m["address"].as_str().unwrap_or_default().to_string(),
                     m["name"].as_str().unwrap_or_default().to_string(),
                     m["protocol_port"].as_i64().unwrap_or_default(),
+                    m["monitor_port"].as_i64(),
                     m["subnet_id"].as_str().map(str::to_string),
                 )
             })
             .collect();
         let same = have.len() == wanted.len()
             && have.iter().zip(&wanted).all(|(h, w)| {
-                h.0 == w.0 && h.1 == w.1 && h.2 == w.2 && (w.3.is_none() || h.3 == w.3)
+                h.0 == w.0
+                    && h.1 == w.1
+                    && h.2 == w.2
+                    && h.3 == w.3
+                    && (w.4.is_none() || h.4 == w.4)
             });
         if same {
             return Ok(());
@@ -879,29 +934,13 @@ impl OctaviaLb {
         Ok(())
     }
 
+    /// The pool's monitor as wanted: made, removed, updated in place, or (its type changed, as
+    /// when `externalTrafficPolicy` does) replaced.
     async fn fix_monitor(&self, lb_id: &str, p: &Pool, want: Option<Value>) -> CloudResult<()> {
         match (&p.healthmonitor_id, want) {
             (None, None) => Ok(()),
-            (Some(hm), None) => {
-                self.settle(lb_id).await?;
-                self.delete(
-                    "load-balancer DELETE /v2/lbaas/healthmonitors/{id}",
-                    &format!("/v2/lbaas/healthmonitors/{}", enc(hm)),
-                )
-                .await
-            }
-            (None, Some(mut m)) => {
-                m["pool_id"] = json!(p.id);
-                self.settle(lb_id).await?;
-                self.octavia(
-                    "load-balancer POST /v2/lbaas/healthmonitors",
-                    Method::POST,
-                    "/v2/lbaas/healthmonitors",
-                    Some(&json!({"healthmonitor": m})),
-                )
-                .await?;
-                Ok(())
-            }
+            (Some(hm), None) => self.delete_monitor(lb_id, hm).await,
+            (None, Some(m)) => self.create_monitor(lb_id, p, m).await,
             (Some(hm), Some(m)) => {
                 let op = "load-balancer GET /v2/lbaas/healthmonitors/{id}";
                 let path = format!("/v2/lbaas/healthmonitors/{}", enc(hm));
@@ -910,6 +949,10 @@ impl OctaviaLb {
                     serde_json::from_value(v["healthmonitor"].take()).map_err(|e| {
                         CloudError::Transient(format!("{op}: unexpected response body ({e})"))
                     })?;
+                if m["type"].as_str() != Some(have.kind.as_str()) {
+                    self.delete_monitor(lb_id, hm).await?;
+                    return self.create_monitor(lb_id, p, m).await;
+                }
                 let have = json!({"delay": have.delay, "timeout": have.timeout, "max_retries": have.max_retries, "max_retries_down": have.max_retries_down});
                 if let Some(change) = differing(
                     &m,
@@ -929,6 +972,60 @@ impl OctaviaLb {
             }
         }
     }
+
+    async fn create_monitor(&self, lb_id: &str, p: &Pool, mut m: Value) -> CloudResult<()> {
+        m["pool_id"] = json!(p.id);
+        self.settle(lb_id).await?;
+        self.octavia(
+            "load-balancer POST /v2/lbaas/healthmonitors",
+            Method::POST,
+            "/v2/lbaas/healthmonitors",
+            Some(&json!({"healthmonitor": m})),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn delete_monitor(&self, lb_id: &str, id: &str) -> CloudResult<()> {
+        self.settle(lb_id).await?;
+        self.delete(
+            "load-balancer DELETE /v2/lbaas/healthmonitors/{id}",
+            &format!("/v2/lbaas/healthmonitors/{}", enc(id)),
+        )
+        .await
+    }
+
+    /// The Service's [`HealthCheck`]. Octavia's API version is read only for a Service with
+    /// both a health-check port and a UDP port (upstream's feature check), and never with
+    /// `lb-provider = ovn`, which has no HTTP monitors.
+    async fn health_check(&self, opts: &ServiceLb, svc: &Service) -> CloudResult<HealthCheck> {
+        let spec = svc.spec.as_ref();
+        let node_port = spec
+            .and_then(|s| s.health_check_node_port)
+            .filter(|p| *p > 0 && opts.provider.as_deref() != Some("ovn"));
+        let udp = spec
+            .and_then(|s| s.ports.as_ref())
+            .is_some_and(|ps| ps.iter().any(|p| p.protocol.as_deref() == Some("UDP")));
+        let on_udp = node_port.is_some() && udp && self.api_minor().await? >= HTTP_MONITORS_ON_UDP;
+        Ok(HealthCheck { node_port, on_udp })
+    }
+
+    /// The highest `v2.N` Octavia's version document lists (`GET /` on its endpoint).
+    async fn api_minor(&self) -> CloudResult<u32> {
+        let op = "load-balancer GET /";
+        let v: Value = self.octavia(op, Method::GET, "/", None).await?.json(op)?;
+        api_minor_of(&v).ok_or_else(|| {
+            CloudError::Transient(format!("{op}: no v2 API version in the version document"))
+        })
+    }
+}
+
+fn api_minor_of(doc: &Value) -> Option<u32> {
+    doc["versions"]
+        .as_array()?
+        .iter()
+        .filter_map(|v| v["id"].as_str()?.strip_prefix("v2.")?.parse().ok())
+        .max()
 }
 
 // ---- Floating IPs (Neutron) ----
@@ -1183,13 +1280,15 @@ impl LoadBalancer for OctaviaLb {
                 )));
             }
             None => {
-                let w = wants(&opts, &name, svc, nodes, opts.vip_subnet_id.as_deref())?;
+                let hc = self.health_check(&opts, svc).await?;
+                let w = wants(&opts, &name, svc, nodes, opts.vip_subnet_id.as_deref(), hc)?;
                 (self.create(&name, cluster, svc, &opts, w).await?, true)
             }
         };
         let lb = self.settle(&lb.id).await?;
         if !created {
-            let w = match wants(&opts, &name, svc, nodes, lb.vip_subnet_id.as_deref()) {
+            let hc = self.health_check(&opts, svc).await?;
+            let w = match wants(&opts, &name, svc, nodes, lb.vip_subnet_id.as_deref(), hc) {
                 Ok(w) => w,
                 Err(e) => {
                     // A port the LB cannot serve as asked: reported, and the members still
@@ -1341,7 +1440,7 @@ mod tests {
         let cfg = LbConfig::default();
         let svc = web(&[("loadbalancer.openstack.org/x-forwarded-for", "true")]);
         let opts = ServiceLb::new(&cfg, &svc).expect("honoured");
-        let w = wants(&opts, "lb", &svc, &[], None).expect("wants");
+        let w = wants(&opts, "lb", &svc, &[], None, HealthCheck::default()).expect("wants");
         assert_eq!(w[0].listener["protocol"], "HTTP");
         assert_eq!(
             w[0].listener["insert_headers"],
@@ -1350,9 +1449,80 @@ mod tests {
         assert_eq!(w[0].pool["protocol"], "HTTP");
         let plain = web(&[]);
         let opts = ServiceLb::new(&cfg, &plain).expect("plain");
-        let w = wants(&opts, "lb", &plain, &[], None).expect("wants");
+        let w = wants(&opts, "lb", &plain, &[], None, HealthCheck::default()).expect("wants");
         assert_eq!(w[0].listener["protocol"], "TCP");
         assert!(w[0].listener.get("insert_headers").is_none());
+    }
+
+    #[test]
+    fn a_health_check_port_makes_http_monitors_on_it_and_member_monitor_ports() {
+        let cfg = LbConfig {
+            create_monitor: true,
+            ..LbConfig::default()
+        };
+        let mut svc = web(&[]);
+        let spec = svc.spec.as_mut().expect("spec");
+        spec.ports.as_mut().expect("ports").push(ServicePort {
+            protocol: Some("UDP".into()),
+            port: 53,
+            node_port: Some(30053),
+            ..Default::default()
+        });
+        let opts = ServiceLb::new(&cfg, &svc).expect("honoured");
+        let mut node = Node::default();
+        node.metadata.name = Some("n1".into());
+        node.status = Some(ccm_cloud::k8s_openapi::api::core::v1::NodeStatus {
+            addresses: Some(vec![ccm_cloud::k8s_openapi::api::core::v1::NodeAddress {
+                type_: "InternalIP".into(),
+                address: "10.0.0.1".into(),
+            }]),
+            ..Default::default()
+        });
+        let nodes = [node];
+        let kinds = |hc: HealthCheck| {
+            let w = wants(&opts, "lb", &svc, &nodes, None, hc).expect("wants");
+            w.iter()
+                .map(|w| {
+                    let m = w.monitor.as_ref().expect("monitor");
+                    (
+                        m["type"].as_str().unwrap_or_default().to_string(),
+                        m["url_path"].as_str().map(str::to_string),
+                        w.members[0]["monitor_port"].as_i64(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let http = |port| ("HTTP".to_string(), Some("/healthz".to_string()), Some(port));
+        assert_eq!(
+            kinds(HealthCheck::default()),
+            vec![
+                ("TCP".into(), None, None),
+                ("UDP-CONNECT".into(), None, None)
+            ]
+        );
+        let local = HealthCheck {
+            node_port: Some(32000),
+            on_udp: false,
+        };
+        assert_eq!(
+            kinds(local),
+            vec![http(32000), ("UDP-CONNECT".into(), None, None)],
+            "an Octavia older than 2.16 has no HTTP monitors on UDP pools"
+        );
+        let on_udp = HealthCheck {
+            on_udp: true,
+            ..local
+        };
+        assert_eq!(kinds(on_udp), vec![http(32000), http(32000)]);
+    }
+
+    #[test]
+    fn the_api_version_is_the_highest_v2_listed() {
+        let doc = json!({"versions": [{"id": "v2.0", "status": "SUPPORTED"},
+            {"id": "v2.30", "status": "CURRENT"}, {"id": "v2.9", "status": "SUPPORTED"}]});
+        assert_eq!(api_minor_of(&doc), Some(30));
+        assert_eq!(api_minor_of(&json!({"versions": [{"id": "v1"}]})), None);
+        assert_eq!(api_minor_of(&json!({"error": "x"})), None);
     }
 
     #[test]

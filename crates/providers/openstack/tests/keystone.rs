@@ -4,7 +4,6 @@
 //! expiry, a revoked token replaced on the service's 401, a wrong password an error that does
 //! not carry it, and a catalog without compute an error for every Node, never "gone".
 
-#[allow(dead_code)]
 mod support;
 
 use std::io::Read;

@@ -343,6 +343,8 @@ pub async fn scenario(stack: &Stack) {
         "{l:?}"
     );
 
+    local_traffic_policy(stack, lbs.as_ref(), &cloud, name, &narrow, &ac).await;
+
     // A port dropped: its listener and pool go; the other stays as it was.
     let one = service("web", &[("TCP", 80, 30080)], &["10.0.0.0/8"]);
     until_done(|| lbs.ensure_load_balancer(CLUSTER, &one, &ac))
@@ -386,6 +388,70 @@ pub async fn scenario(stack: &Stack) {
         "deleting what is gone is done"
     );
     eprintln!("load-balancer scenario: {:?}", t0.elapsed());
+}
+
+/// `externalTrafficPolicy: Local`: every pool's monitor becomes upstream's HTTP `GET /healthz`
+/// and the members are probed on the `healthCheckNodePort` (Octavia 2.30 here, so the UDP pool
+/// too); a second ensure writes nothing; back to `Cluster`, the traffic ports are probed again.
+async fn local_traffic_policy(
+    stack: &Stack,
+    lbs: &dyn LoadBalancer,
+    cloud: &OpenStackCloud,
+    name: &str,
+    svc: &Service,
+    nodes: &[Node],
+) {
+    let mut local = svc.clone();
+    let spec = local.spec.as_mut().expect("spec");
+    spec.external_traffic_policy = Some("Local".into());
+    spec.health_check_node_port = Some(32000);
+    until_done(|| lbs.ensure_load_balancer(CLUSTER, &local, nodes))
+        .await
+        .expect("externalTrafficPolicy Local");
+    let ps = pools(stack, name);
+    let http = ("HTTP".to_string(), Some("/healthz".to_string()));
+    for (_, pool) in &ps {
+        assert_eq!(monitor_of(stack, pool), http);
+    }
+    assert_eq!(member_monitor_ports(stack, &ps[0].1), vec![Some(32000); 2]);
+    let before = cloud.api_calls();
+    until_done(|| lbs.ensure_load_balancer(CLUSTER, &local, nodes))
+        .await
+        .expect("ensure again");
+    let steady = delta(cloud, &before);
+    assert!(steady.keys().all(|k| k.contains(" GET ")), "{steady:?}");
+
+    until_done(|| lbs.ensure_load_balancer(CLUSTER, svc, nodes))
+        .await
+        .expect("back to Cluster");
+    assert_eq!(monitor_of(stack, &ps[0].1), ("TCP".into(), None));
+    assert_eq!(monitor_of(stack, &ps[1].1), ("UDP-CONNECT".into(), None));
+    assert_eq!(member_monitor_ports(stack, &ps[0].1), vec![None; 2]);
+}
+
+/// (type, url_path) of a pool's health monitor.
+fn monitor_of(stack: &Stack, pool: &str) -> (String, Option<String>) {
+    let p = json(stack, &["loadbalancer", "pool", "show", pool]);
+    let id = p["healthmonitor_id"].as_str().expect("a monitor");
+    let m = json(stack, &["loadbalancer", "healthmonitor", "show", id]);
+    let path = m["url_path"].as_str().filter(|s| !s.is_empty());
+    (
+        m["type"].as_str().expect("type").to_string(),
+        path.map(str::to_string),
+    )
+}
+
+/// The `monitor_port` of each of a pool's members.
+fn member_monitor_ports(stack: &Stack, pool: &str) -> Vec<Option<i64>> {
+    let list = json(stack, &["loadbalancer", "member", "list", pool]);
+    list.as_array()
+        .expect("list")
+        .iter()
+        .map(|m| {
+            let id = m["id"].as_str().expect("id");
+            json(stack, &["loadbalancer", "member", "show", pool, id])["monitor_port"].as_i64()
+        })
+        .collect()
 }
 
 /// An LB made as openstack-cloud-controller-manager makes it is adopted: same LB, listener
