@@ -109,9 +109,7 @@ pub(crate) struct Ccm {
 /// A loopback port free right now, for the demo CCM's secure port (a fixed 10258 would clash
 /// with a second demo or a real CCM on the same machine).
 fn free_loopback_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    Ok(ccm_kube_sim::ports::free_loopback_ports(1)?)
 }
 
 /// How to read the demo CCM's metrics, without printing the token, and sending it only to

@@ -55,10 +55,7 @@ fn demo_converges_and_writes_a_summary() {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    ccm_kube_sim::ports::free_loopback_ports(1).expect("free port")
 }
 
 /// An HTTPS client for the CCM's secure port: trusts the self-signed certificate the CCM

@@ -168,10 +168,7 @@ async fn prometheus_token(kube: &KubeSim) -> String {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    ccm_kube_sim::ports::free_loopback_ports(1).expect("free port")
 }
 
 fn spawn_ccm(w: &World) -> (tokio::process::Child, SocketAddr) {

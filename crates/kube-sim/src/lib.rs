@@ -11,6 +11,7 @@ mod managed;
 mod metrics;
 mod openapi;
 mod patch;
+pub mod ports;
 mod proto;
 pub mod rbac;
 mod realistic;

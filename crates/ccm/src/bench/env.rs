@@ -135,9 +135,10 @@ pub(super) fn ccm_under_test() -> anyhow::Result<PathBuf> {
     Ok(me)
 }
 
+/// The CCM's secure port, which a `CcmKill` restart binds again: from below the ephemeral
+/// range, so no outgoing connection takes it meanwhile.
 pub(super) fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+    Ok(ccm_kube_sim::ports::free_loopback_ports(1)?)
 }
 
 pub(super) fn sim_cloud(opts: &BenchOptions, fault_rate: f64) -> anyhow::Result<SimCloud> {

@@ -15,10 +15,7 @@ pub fn tmpdir(tag: &str) -> PathBuf {
 
 /// A loopback port nobody listens on right now, for a CCM's `--secure-port`.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    ccm_kube_sim::ports::free_loopback_ports(1).expect("free port")
 }
 
 /// A CCM binary (`CARGO_BIN_EXE_…`) set up to run against `kube` on a free secure port with

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real OpenStack on 127.0.0.1 for the tests: Keystone (sqlite), RabbitMQ and MariaDB (Debian),
 # Placement and Glance (sqlite), Neutron (ML2, no agents; MariaDB: its migrations need MySQL),
-# Nova (API, conductor, scheduler, one compute on the fake virt driver; sqlite); with a fourth
+# Nova (API, conductor, scheduler, one compute on the fake virt driver; MariaDB); with a fourth
 # argument `octavia`, Octavia too (API and controller worker, amphora provider on its no-op
 # compute and amphora drivers; MariaDB) and an external network `public` for floating IPs.
 # Writes $DIR/stack.env, prints READY, and runs until its stdin closes; then stops everything.
@@ -109,12 +109,14 @@ cp "$VENV/etc/neutron/api-paste.ini" "$DIR/neutron/"
 "$VENV/bin/neutron-db-manage" --config-file "$DIR/neutron/neutron.conf" --config-file "$DIR/neutron/ml2_conf.ini" upgrade head > "$DIR/logs/neutron-db.log" 2>&1
 wsgi neutron "$NET" neutron.wsgi.api OS_NEUTRON_CONFIG_DIR="$DIR/neutron" OS_NEUTRON_CONFIG_FILES="$DIR/neutron/neutron.conf;$DIR/neutron/ml2_conf.ini"
 
-# Nova.
+# Nova, on MariaDB: on sqlite, concurrent builds fail with "database is locked".
 mkdir -p "$DIR/novaconf"; cp "$VENV/etc/nova/api-paste.ini" "$DIR/novaconf/"
-{ printf '[DEFAULT]\ntransport_url = %s\ncompute_driver = fake.FakeDriver\nstate_path = %s/nova\nhost = ccm-compute-1\nmy_ip = 127.0.0.1\nlog_dir = %s/logs\n[api]\nauth_strategy = keystone\n[api_database]\nconnection = sqlite:///%s/nova_api.db\n[database]\nconnection = sqlite:///%s/nova_cell1.db\n[oslo_concurrency]\nlock_path = %s/lock\n[scheduler]\ndiscover_hosts_in_cells_interval = 2\n[glance]\nregion_name = RegionOne\n' "$TRANSPORT" "$DIR" "$DIR" "$DIR" "$DIR" "$DIR"
+MY=mysql+pymysql://root@127.0.0.1:$DB
+mariadb -uroot -h127.0.0.1 -P"$DB" -e "create database nova_api; create database nova_cell0; create database nova"
+{ printf '[DEFAULT]\ntransport_url = %s\ncompute_driver = fake.FakeDriver\nstate_path = %s/nova\nhost = ccm-compute-1\nmy_ip = 127.0.0.1\nlog_dir = %s/logs\n[api]\nauth_strategy = keystone\n[api_database]\nconnection = %s/nova_api\n[database]\nconnection = %s/nova\n[oslo_concurrency]\nlock_path = %s/lock\n[scheduler]\ndiscover_hosts_in_cells_interval = 2\n[glance]\nregion_name = RegionOne\n' "$TRANSPORT" "$DIR" "$DIR" "$MY" "$MY" "$DIR"
   authtoken nova; creds placement nova; creds neutron neutron; creds service_user nova; echo "send_service_user_token = true"; } > "$DIR/novaconf/nova.conf"
 NM="$VENV/bin/nova-manage --config-file $DIR/novaconf/nova.conf"
-{ $NM api_db sync; $NM cell_v2 map_cell0 --database_connection "sqlite:///$DIR/nova_cell0.db"; $NM cell_v2 create_cell --name cell1; $NM db sync; } > "$DIR/logs/nova-db.log" 2>&1
+{ $NM api_db sync; $NM cell_v2 map_cell0 --database_connection "$MY/nova_cell0"; $NM cell_v2 create_cell --name cell1; $NM db sync; } > "$DIR/logs/nova-db.log" 2>&1
 wsgi nova "$NOVA" nova.wsgi.osapi_compute OS_NOVA_CONFIG_DIR="$DIR/novaconf"
 for svc in conductor scheduler compute; do
   "$VENV/bin/nova-$svc" --config-file "$DIR/novaconf/nova.conf" > "$DIR/logs/nova-$svc.out" 2>&1 & PIDS+=($!)

@@ -52,26 +52,9 @@ impl Drop for Stack {
     }
 }
 
-/// The first of `n` consecutive free loopback ports, below the kernel's ephemeral range: a
-/// port probed free inside that range can be taken by any outgoing connection before the
-/// service that is handed it binds (a stack's minute of start-up makes hundreds).
+/// The first of `n` consecutive free loopback ports (see `ccm_kube_sim::ports`).
 pub fn free_ports(n: u16) -> u16 {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32768);
-    let (first, last) = (10_000u16, low.saturating_sub(n).max(10_001));
-    let seed = std::process::id() as u64
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos() as u64);
-    let span = (last - first) as u64;
-    (0..span)
-        .map(|i| first + ((seed + i * 97) % span) as u16)
-        .find(|&base| {
-            (base..base + n).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
-        })
-        .expect("no free loopback ports below the ephemeral range")
+    ccm_kube_sim::ports::free_loopback_ports(n).expect("free loopback ports")
 }
 
 pub fn start_stack() -> Stack {
