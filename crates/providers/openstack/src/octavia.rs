@@ -204,6 +204,12 @@ impl OctaviaLb {
                 PROVISIONING_RETRY,
                 format!("{op}: the load balancer is busy (HTTP 409); trying again"),
             )),
+            413 => Err(CloudError::Permanent(format!(
+                "{op}: Octavia refused the request as too large (HTTP 413): a load balancer's \
+                 members are written in one request (about 110 bytes each), and Octavia's \
+                 [oslo_middleware] max_request_body_size (112 KiB by default) holds about 1,000; \
+                 raise it in octavia.conf"
+            ))),
             _ => Err(status_error(op, &reply)),
         }
     }

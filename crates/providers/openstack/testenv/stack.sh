@@ -29,7 +29,10 @@ waitport() { for _ in $(seq 240); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/nu
 wsgi() { # name port module env...
   local name=$1 port=$2 module=$3; shift 3
   printf 'import sys\nsys.argv = sys.argv[:1]\nfrom %s import application  # noqa\n' "$module" > "$DIR/${name}_wsgi.py"
+  # Request lines up to Apache's default (8190): listing many servers, Nova asks Neutron for
+  # their ports by a long list of device ids. A bulk request may take minutes on a loaded host.
   env "$@" "$VENV/bin/gunicorn" --chdir "$DIR" -w 1 -b "127.0.0.1:$port" --daemon --pid "$DIR/$name.gpid" \
+    --limit-request-line 8190 --timeout 300 \
     --capture-output --error-logfile "$DIR/logs/$name.log" "${name}_wsgi:application"
 }
 authtoken() {
@@ -137,6 +140,9 @@ if [ -n "$OCT" ]; then
     authtoken octavia; creds service_auth octavia
   }
   octavia_conf allowed_address_pairs_driver > "$DIR/octavia/api.conf"
+  # Octavia's default request body limit (112 KiB) refuses an LB or member update carrying more
+  # than about 1,000 members; OCTAVIA_MAX_BODY raises it, as operators of large clusters do.
+  [ -z "${OCTAVIA_MAX_BODY:-}" ] || printf '[oslo_middleware]\nmax_request_body_size = %s\n' "$OCTAVIA_MAX_BODY" >> "$DIR/octavia/api.conf"
   octavia_conf network_noop_driver > "$DIR/octavia/worker.conf"
   "$VENV/bin/octavia-db-manage" --config-file "$DIR/octavia/api.conf" upgrade head > "$DIR/logs/octavia-db.log" 2>&1
   # The config file on the command line: keystonemiddleware does not see OS_OCTAVIA_CONFIG_FILES.

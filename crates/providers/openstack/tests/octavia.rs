@@ -11,7 +11,7 @@ use support::lb::{CLUSTER, node, service};
 /// Octavia answering 5xx is an error, never "no load balancer" (which would skip its cleanup).
 #[tokio::test]
 async fn an_octavia_5xx_is_an_error_not_gone() {
-    let url = fault_server().await;
+    let url = fault_server("503 Unavailable").await;
     let conf = format!(
         "[Global]\nauth-url = {url}/v3\nusername = u\npassword = p\ntenant-name = t\ndomain-id = default\nregion = RegionOne\n[LoadBalancer]\nsubnet-id = s\n"
     );
@@ -29,8 +29,28 @@ async fn an_octavia_5xx_is_an_error_not_gone() {
     assert!(matches!(ens, Err(CloudError::Transient(_))), "{ens:?}");
 }
 
-/// Keystone's token call gets a catalog pointing here; every other call a 503.
-async fn fault_server() -> String {
+/// Octavia's 413 (its request body limit) is an error that says which setting to raise.
+#[tokio::test]
+async fn an_octavia_413_names_the_limit_to_raise() {
+    let url = fault_server("413 Request Entity Too Large").await;
+    let conf = format!(
+        "[Global]\nauth-url = {url}/v3\nusername = u\npassword = p\ntenant-name = t\ndomain-id = default\nregion = RegionOne\n[LoadBalancer]\nsubnet-id = s\n"
+    );
+    let cfg = ccm_provider_openstack::OpenStackConfig::parse(&conf).expect("parses");
+    let cloud = OpenStackCloud::with_regional_provider_id(cfg, false).expect("provider");
+    let lbs = cloud.load_balancer().expect("lb");
+    let svc = service("web", &[("TCP", 80, 30080)], &[]);
+    let ens = lbs
+        .ensure_load_balancer(CLUSTER, &svc, &[node("a", "10.0.0.1")])
+        .await;
+    assert!(
+        matches!(&ens, Err(CloudError::Permanent(m)) if m.contains("max_request_body_size")),
+        "{ens:?}"
+    );
+}
+
+/// Keystone's token call gets a catalog pointing here; every other call `status`.
+async fn fault_server(status: &'static str) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -53,11 +73,7 @@ async fn fault_server() -> String {
                         "catalog": [ep("load-balancer"), ep("network")]}});
                     ("201 Created", "x-subject-token: t\r\n", body.to_string())
                 } else {
-                    (
-                        "503 Unavailable",
-                        "",
-                        "{\"faultstring\": \"injected\"}".to_string(),
-                    )
+                    (status, "", "{\"faultstring\": \"injected\"}".to_string())
                 };
                 let resp = format!(
                     "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n{body}",

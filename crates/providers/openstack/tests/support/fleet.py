@@ -1,14 +1,17 @@
-# Boots COUNT servers named PREFIX-1 .. PREFIX-COUNT on the stack's fake Nova (in requests of at
-# most 50), waits for ACTIVE, gives each a Neutron port on NETWORK (device_id = the server, as
-# Nova's own ports), and prints one JSON line: [{"name", "id", "ip"}, ...].
-# Usage: python fleet.py AUTH_URL PREFIX COUNT NETWORK_ID
+# Boots COUNT servers named PREFIX-… on the stack's fake Nova (in requests of at most 50), waits
+# for them (WAIT = "active": ACTIVE; "listed": listed, whatever their state, for fleets larger
+# than the one fake compute host builds in a test's time), gives each a Neutron port on NETWORK
+# (device_id = the server, as Nova's own ports) and prints one JSON line:
+# [{"name", "id", "ip"}, ...].
+# Usage: python fleet.py AUTH_URL PREFIX COUNT NETWORK_ID WAIT
 import json
 import sys
 import time
 
 import openstack
 
-auth_url, prefix, count, network = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+auth_url, prefix, count, network, wait = sys.argv[1:6]
+count = int(count)
 conn = openstack.connect(
     auth_url=auth_url, username="ccm", password="ccm-secret", project_name="ccm",
     user_domain_id="default", project_domain_id="default", region_name="RegionOne",
@@ -34,7 +37,7 @@ deadline = time.time() + 120 + 2 * count
 while True:
     servers = ours()
     states = [s.status for s in servers]
-    if len(servers) >= count and all(s == "ACTIVE" for s in states):
+    if len(servers) >= count and (wait == "listed" or all(s == "ACTIVE" for s in states)):
         break
     bad = [s for s in servers if s.status == "ERROR"]
     if bad or time.time() > deadline:
@@ -43,8 +46,8 @@ while True:
     time.sleep(2)
 servers.sort(key=lambda s: s.name)
 out = []
-for i in range(0, len(servers), 100):
-    batch = servers[i:i + 100]
+for i in range(0, len(servers), 25):
+    batch = servers[i:i + 25]
     ports = conn.network.create_ports([
         {"network_id": network, "device_id": s.id, "device_owner": "compute:nova",
          "name": f"port-{s.name}"} for s in batch
