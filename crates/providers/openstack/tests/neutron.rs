@@ -31,7 +31,7 @@ use ccm_provider_openstack::{OpenStackCloud, OpenStackConfig, route_tag};
 use k8s_openapi::api::core::v1::{NodeAddress, NodeSpec, NodeStatus};
 use kube::api::ObjectMeta;
 use parking_lot::Mutex;
-use support::{Stack, start_stack_with};
+use support::{Stack, delta, start_stack_with, total};
 
 const CIDR_A: &str = "10.244.1.0/24";
 const CIDR_B: &str = "10.244.2.0/24";
@@ -86,21 +86,6 @@ fn pairs(stack: &Stack, port: &str) -> Vec<String> {
         .iter()
         .map(|p| p["ip_address"].as_str().unwrap_or_default().to_string())
         .collect()
-}
-
-/// Calls the provider made since `before`, by operation.
-fn delta(c: &OpenStackCloud, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
-    c.api_calls()
-        .into_iter()
-        .filter_map(|(k, v)| {
-            let d = v - before.get(&k).copied().unwrap_or(0);
-            (d > 0).then_some((k, d))
-        })
-        .collect()
-}
-
-fn total(m: &BTreeMap<String, u64>) -> u64 {
-    m.values().sum()
 }
 
 struct Net {

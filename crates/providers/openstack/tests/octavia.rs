@@ -12,12 +12,7 @@ use support::lb::{CLUSTER, node, service};
 #[tokio::test]
 async fn an_octavia_5xx_is_an_error_not_gone() {
     let url = fault_server("503 Unavailable").await;
-    let conf = format!(
-        "[Global]\nauth-url = {url}/v3\nusername = u\npassword = p\ntenant-name = t\ndomain-id = default\nregion = RegionOne\n[LoadBalancer]\nsubnet-id = s\n"
-    );
-    let cfg = ccm_provider_openstack::OpenStackConfig::parse(&conf).expect("parses");
-    let cloud = OpenStackCloud::with_regional_provider_id(cfg, false).expect("provider");
-    let lbs = cloud.load_balancer().expect("lb");
+    let lbs = lbs_at(&url);
     let svc = service("web", &[("TCP", 80, 30080)], &[]);
     let got = lbs.get_load_balancer(CLUSTER, &svc).await;
     assert!(matches!(got, Err(CloudError::Transient(_))), "{got:?}");
@@ -33,12 +28,7 @@ async fn an_octavia_5xx_is_an_error_not_gone() {
 #[tokio::test]
 async fn an_octavia_413_names_the_limit_to_raise() {
     let url = fault_server("413 Request Entity Too Large").await;
-    let conf = format!(
-        "[Global]\nauth-url = {url}/v3\nusername = u\npassword = p\ntenant-name = t\ndomain-id = default\nregion = RegionOne\n[LoadBalancer]\nsubnet-id = s\n"
-    );
-    let cfg = ccm_provider_openstack::OpenStackConfig::parse(&conf).expect("parses");
-    let cloud = OpenStackCloud::with_regional_provider_id(cfg, false).expect("provider");
-    let lbs = cloud.load_balancer().expect("lb");
+    let lbs = lbs_at(&url);
     let svc = service("web", &[("TCP", 80, 30080)], &[]);
     let ens = lbs
         .ensure_load_balancer(CLUSTER, &svc, &[node("a", "10.0.0.1")])
@@ -47,6 +37,16 @@ async fn an_octavia_413_names_the_limit_to_raise() {
         matches!(&ens, Err(CloudError::Permanent(m)) if m.contains("max_request_body_size")),
         "{ens:?}"
     );
+}
+
+/// The provider's load balancers, with Keystone (and so the catalog) at `url`.
+fn lbs_at(url: &str) -> std::sync::Arc<dyn ccm_cloud::LoadBalancer> {
+    let conf = format!(
+        "[Global]\nauth-url = {url}/v3\nusername = u\npassword = p\ntenant-name = t\ndomain-id = default\nregion = RegionOne\n[LoadBalancer]\nsubnet-id = s\n"
+    );
+    let cfg = ccm_provider_openstack::OpenStackConfig::parse(&conf).expect("parses");
+    let cloud = OpenStackCloud::with_regional_provider_id(cfg, false).expect("provider");
+    cloud.load_balancer().expect("lb")
 }
 
 /// Keystone's token call gets a catalog pointing here; every other call `status`.
@@ -190,12 +190,7 @@ async fn one_lb_server(lb: &str) -> (String, Seen) {
 async fn a_refused_annotation_never_stops_the_members_of_an_existing_lb() {
     let name = "kube_service_kubernetes_default_web";
     let (url, seen) = one_lb_server(name).await;
-    let conf = format!(
-        "[Global]\nauth-url = {url}/v3\nusername = u\npassword = p\ntenant-name = t\ndomain-id = default\nregion = RegionOne\n[LoadBalancer]\nsubnet-id = s\n"
-    );
-    let cfg = ccm_provider_openstack::OpenStackConfig::parse(&conf).expect("parses");
-    let cloud = OpenStackCloud::with_regional_provider_id(cfg, false).expect("provider");
-    let lbs = cloud.load_balancer().expect("lb");
+    let lbs = lbs_at(&url);
     let mut svc = service("web", &[("TCP", 80, 30080)], &[]);
     svc.metadata.annotations = Some(
         [(

@@ -26,7 +26,7 @@ use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Event, Node, Service};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::{Stack, start_stack_with, venv};
+use support::{Stack, delta, start_stack_with, total, venv};
 use tokio_util::sync::CancellationToken;
 
 const TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
@@ -68,20 +68,6 @@ fn fleet(stack: &Stack, prefix: &str, count: usize, network: &str) -> Vec<Server
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("fleet.py output")
-}
-
-fn delta(c: &OpenStackCloud, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
-    c.api_calls()
-        .into_iter()
-        .filter_map(|(k, v)| {
-            let d = v - before.get(&k).copied().unwrap_or(0);
-            (d > 0).then_some((k, d))
-        })
-        .collect()
-}
-
-fn total(m: &BTreeMap<String, u64>) -> u64 {
-    m.values().sum()
 }
 
 /// Polls `f` every 200 ms until true; panics naming `what` after `limit`.

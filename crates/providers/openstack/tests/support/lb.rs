@@ -3,7 +3,6 @@
 //! no-op compute/amphora drivers, VIP ports and floating IPs in the real Neutron; checked with the
 //! real `openstack` client (python-octaviaclient).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ccm_cloud::k8s_openapi::api::core::v1::{NodeAddress, NodeStatus, ServicePort, ServiceSpec};
@@ -11,7 +10,7 @@ use ccm_cloud::{CloudError, CloudProvider, LoadBalancer, LoadBalancerStatus, Nod
 use ccm_provider_openstack::OpenStackCloud;
 use serde_json::Value;
 
-use super::Stack;
+use super::{Stack, delta, total};
 
 /// The cluster name of the scenario.
 pub const CLUSTER: &str = "kubernetes";
@@ -66,20 +65,6 @@ fn json(stack: &Stack, args: &[&str]) -> Value {
     let mut a = args.to_vec();
     a.extend(["-f", "json"]);
     serde_json::from_str(&stack.openstack(&a)).expect("json")
-}
-
-fn delta(c: &OpenStackCloud, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
-    c.api_calls()
-        .into_iter()
-        .filter_map(|(k, v)| {
-            let d = v - before.get(&k).copied().unwrap_or(0);
-            (d > 0).then_some((k, d))
-        })
-        .collect()
-}
-
-fn total(m: &BTreeMap<String, u64>) -> u64 {
-    m.values().sum()
 }
 
 /// Runs `f` until it is not a [`CloudError::Retry`] (Octavia provisioning), at most 40 times.

@@ -52,6 +52,24 @@ impl Drop for Stack {
     }
 }
 
+/// Calls the provider made since `before`, by operation.
+pub fn delta(
+    c: &OpenStackCloud,
+    before: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    c.api_calls()
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let d = v - before.get(&k).copied().unwrap_or(0);
+            (d > 0).then_some((k, d))
+        })
+        .collect()
+}
+
+pub fn total(m: &std::collections::BTreeMap<String, u64>) -> u64 {
+    m.values().sum()
+}
+
 /// The first of `n` consecutive free loopback ports (see `ccm_kube_sim::ports`).
 pub fn free_ports(n: u16) -> u16 {
     ccm_kube_sim::ports::free_loopback_ports(n).expect("free loopback ports")
