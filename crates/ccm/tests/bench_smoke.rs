@@ -72,6 +72,18 @@ fn every_scenario_runs_small() {
     assert_eq!(scale["services"], 60);
     assert!(scale["time_to_ingress"]["p99"].as_f64().is_some());
     assert!(scale["api_requests_per_node"]["patch"].as_f64().is_some());
+    // One Node joined the settled cluster and reached every load balancer (60 Services, 2 LBs).
+    assert!(
+        scale["join"]["routed_seconds"]
+            .as_f64()
+            .is_some_and(|s| s > 0.0)
+    );
+    assert!(
+        scale["join"]["initialized_seconds"]
+            .as_f64()
+            .is_some_and(|s| s > 0.0)
+    );
+    assert_eq!(scale["node_join_lb_updates"], 2, "{scale}");
     let idle = scenarios[1]["idle"].as_array().expect("idle modes");
     assert_eq!(idle.len(), 2);
     for mode in idle {

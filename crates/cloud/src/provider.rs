@@ -253,6 +253,11 @@ pub trait LoadBalancer: Send + Sync + 'static {
 
     /// Create or update the LB and return its status (at least one ingress entry when ready).
     /// Return [`crate::CloudError::Retry`] while it is still provisioning.
+    ///
+    /// `nodes` are the Nodes that back load balancers, sorted by name, with their metadata
+    /// (minus `managedFields`), spec and `status.addresses` only: the controller holds one copy
+    /// of every such Node for all Services, and at 50,000 Nodes the rest of the status (images,
+    /// capacity, conditions) was most of its memory. The same holds for `update_load_balancer`.
     async fn ensure_load_balancer(
         &self,
         cluster: &str,

@@ -95,7 +95,8 @@ where
     }
 
     /// An empty cache applying `transform` to each object before storing it (to drop fields no
-    /// controller reads).
+    /// controller reads). It must be idempotent: a re-list's objects pass it as they arrive and
+    /// again in [`Informer::replace`].
     pub fn with_transform(transform: impl Fn(&mut K) + Send + Sync + 'static) -> Self {
         Informer {
             inner: Arc::new(Inner {
@@ -271,8 +272,11 @@ where
                     tracing::warn!(error = %e, kind = %K::kind(&Default::default()), "watch failed; retrying")
                 }
                 Some(Ok(Event::Init)) => relist = Some(Vec::new()),
-                Some(Ok(Event::InitApply(obj))) => {
+                Some(Ok(Event::InitApply(mut obj))) => {
                     if let Some(list) = relist.as_mut() {
+                        // Trimmed as it arrives: a re-list of 50,000 kubelet Nodes held whole
+                        // (managedFields, images) until the last page is hundreds of megabytes.
+                        (self.inner.transform)(&mut obj);
                         list.push(obj);
                     }
                 }

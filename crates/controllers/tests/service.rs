@@ -131,6 +131,7 @@ fn config() -> ServiceConfig {
         },
         drift_check_period: None,
         node_sync_window: Duration::from_millis(50),
+        ..ServiceConfig::default()
     }
 }
 
@@ -626,6 +627,126 @@ async fn node_changes_update_only_services_whose_set_changed() {
     ctl.stop().await;
 }
 
+/// A load balancer that tracks how many Nodes its ensure/update calls hold at once.
+struct NodesInFlight {
+    inner: Arc<dyn ccm_cloud::LoadBalancer>,
+    now: std::sync::atomic::AtomicUsize,
+    max: std::sync::atomic::AtomicUsize,
+}
+
+impl NodesInFlight {
+    async fn holding<T>(&self, nodes: usize, call: impl std::future::Future<Output = T>) -> T {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.now.fetch_add(nodes, SeqCst) + nodes;
+        self.max.fetch_max(now, SeqCst);
+        let r = call.await;
+        self.now.fetch_sub(nodes, SeqCst);
+        r
+    }
+}
+
+#[async_trait::async_trait]
+impl ccm_cloud::LoadBalancer for NodesInFlight {
+    async fn get_load_balancer(
+        &self,
+        cluster: &str,
+        svc: &Service,
+    ) -> ccm_cloud::CloudResult<Option<k8s_openapi::api::core::v1::LoadBalancerStatus>> {
+        self.inner.get_load_balancer(cluster, svc).await
+    }
+    async fn ensure_load_balancer(
+        &self,
+        cluster: &str,
+        svc: &Service,
+        nodes: &[Node],
+    ) -> ccm_cloud::CloudResult<k8s_openapi::api::core::v1::LoadBalancerStatus> {
+        let call = self.inner.ensure_load_balancer(cluster, svc, nodes);
+        self.holding(nodes.len(), call).await
+    }
+    async fn update_load_balancer(
+        &self,
+        cluster: &str,
+        svc: &Service,
+        nodes: &[Node],
+    ) -> ccm_cloud::CloudResult<()> {
+        let call = self.inner.update_load_balancer(cluster, svc, nodes);
+        self.holding(nodes.len(), call).await
+    }
+    async fn ensure_load_balancer_deleted(
+        &self,
+        cluster: &str,
+        svc: &Service,
+    ) -> ccm_cloud::CloudResult<()> {
+        self.inner.ensure_load_balancer_deleted(cluster, svc).await
+    }
+}
+
+struct WithLb(Arc<NodesInFlight>);
+
+impl CloudProvider for WithLb {
+    fn provider_name(&self) -> &str {
+        "nodes-in-flight"
+    }
+    fn load_balancer(&self) -> Option<Arc<dyn ccm_cloud::LoadBalancer>> {
+        Some(self.0.clone())
+    }
+}
+
+/// Concurrent provider calls never hold more Nodes than `nodes_in_flight` between them (each
+/// call's node list becomes a request body: at 50,000 Nodes, 100 at once were gigabytes), and
+/// with the budget every LB is still made and then updated for a join. Without it the ten
+/// workers hand 5 Nodes each to up to ten calls at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_calls_never_hold_more_nodes_than_the_budget() {
+    let mut env = Env::new(44).await;
+    for i in 0..5 {
+        env.add_node(&format!("n{i}"), json!({})).await;
+    }
+    env.cloud
+        .set_latency("*", Latency::from_millis(20, 5))
+        .expect("latency");
+    let lb = Arc::new(NodesInFlight {
+        inner: env.provider.load_balancer().expect("the sim has LBs"),
+        now: Default::default(),
+        max: Default::default(),
+    });
+    env.provider = Arc::new(WithLb(lb.clone()));
+    let ctl = start(
+        &env,
+        ServiceConfig {
+            nodes_in_flight: 10,
+            ..config()
+        },
+    );
+    let api = env.services();
+    let names: Vec<String> = (0..12).map(|i| format!("b{i:02}")).collect();
+    futures::future::join_all(names.iter().map(|n| {
+        let api = api.clone();
+        async move {
+            api.create(&PostParams::default(), &lb_service(n, &[80]))
+                .await
+                .expect("create")
+        }
+    }))
+    .await;
+    wait_for("12 LBs on 5 hosts", || async {
+        let lbs = env.lbs();
+        lbs.len() == 12 && lbs.iter().all(|lb| lb.hosts.len() == 5)
+    })
+    .await;
+    env.add_node("n5", json!({})).await;
+    wait_for("12 LBs updated to 6 hosts", || async {
+        env.lbs().iter().filter(|lb| lb.hosts.len() == 6).count() == 12
+    })
+    .await;
+    let max = lb.max.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (5..=10).contains(&max),
+        "at most 10 Nodes in flight, at least one call's 5: {max}"
+    );
+    ctl.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_200_services_converge() {
     let env = Env::new(3).await;
@@ -1021,6 +1142,23 @@ async fn skipped_without_load_balancers_and_invalid_config() {
     );
     assert!(matches!(r, Err(ccm_controllers::StartError::Skipped(_))));
     let shared = Shared::new(env.provider.clone(), CLUSTER);
+    for bad in [0, 1 << 29] {
+        let bad = ServiceConfig {
+            nodes_in_flight: bad,
+            ..ServiceConfig::default()
+        };
+        let r = ServiceController::new(
+            shared.clone(),
+            env.client.clone(),
+            bad,
+            &mut Registry::default(),
+        );
+        assert!(
+            matches!(&r, Err(ccm_controllers::StartError::Invalid(m)) if m.contains("nodes in flight")),
+            "{:?}",
+            r.err()
+        );
+    }
     let bad = ServiceConfig {
         concurrent_service_syncs: 0,
         ..ServiceConfig::default()

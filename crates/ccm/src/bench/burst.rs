@@ -7,9 +7,9 @@ use futures::StreamExt;
 
 use super::BenchOptions;
 use super::env::Env;
-use super::report::{Registrations, ScenarioResult, percentiles};
+use super::report::{Join, Registrations, ScenarioResult, percentiles};
 use super::track::{
-    Tracker, api_stats, both_latencies, initialized, register_nodes, routed, spinner,
+    Tracker, api_stats, both_latencies, initialized, join_one, register_nodes, routed, spinner,
 };
 use crate::cluster::SimCluster;
 
@@ -153,9 +153,44 @@ pub(super) async fn scale_on(env: &Env, opts: &BenchOptions) -> anyhow::Result<S
     // Let caches settle before reading the steady state.
     tokio::time::sleep(Duration::from_secs(3)).await;
     api_stats(env, opts.scale_nodes, &mut r);
-    r.usage = env.usage();
     r.cpu_seconds_per_1000_nodes = Some(burst_cpu * 1000.0 / f64::from(opts.scale_nodes));
+    r.converged &= join_at_scale(env, opts, &mut r).await?;
+    // After the join: its load-balancer updates can set the peak.
+    r.usage = env.usage();
     Ok(r)
+}
+
+/// One Node joins the settled cluster: seconds to initialized and to routed, the load balancers'
+/// updates (every LB has it, then no update for 3 s), and the CCM CPU from the join to then
+/// (the quiet window's idle CPU included).
+async fn join_at_scale(
+    env: &Env,
+    opts: &BenchOptions,
+    r: &mut ScenarioResult,
+) -> anyhow::Result<bool> {
+    let cpu = env.usage().cpu_seconds;
+    let before = env.lb_updates();
+    let t1 = Instant::now();
+    let (mut ok, (init, net)) = join_one(env, opts, opts.scale_nodes).await?;
+    let lbs = opts.scale_services.div_ceil(50) as usize;
+    let hosts = opts.scale_nodes as usize + 1;
+    ok &= env
+        .until(opts.timeout.0, || async {
+            let counts = env.cluster.cloud.load_balancer_host_counts();
+            Ok(counts.len() == lbs && counts.iter().all(|h| *h == hosts))
+        })
+        .await?;
+    let (updates, last) = env
+        .lb_updates_settled(before, t1, Duration::from_secs(3))
+        .await;
+    r.join = Some(Join {
+        initialized_seconds: init,
+        routed_seconds: net,
+        cpu_seconds: env.usage().cpu_seconds - cpu,
+    });
+    r.node_join_lb_updates = Some(updates);
+    r.node_join_lb_update_seconds = Some(last.as_secs_f64());
+    Ok(ok)
 }
 
 /// With `--no-ccm`: the same kubelets register the same nodes on a fresh kube-sim with the

@@ -281,6 +281,40 @@ impl Env {
             .unwrap_or_default()
     }
 
+    /// `UpdateLoadBalancer` calls the cloud has answered so far.
+    pub(super) fn lb_updates(&self) -> u64 {
+        self.cluster
+            .cloud
+            .call_count(ccm_cloud::op::UPDATE_LOAD_BALANCER)
+    }
+
+    /// `UpdateLoadBalancer` calls since the count was `before`, once the count has not moved
+    /// for `quiet`, and how long after `t1` it last moved: every update a join causes, not only
+    /// the first pass (a second one lands up to a node-sync window later).
+    pub(super) async fn lb_updates_settled(
+        &self,
+        before: u64,
+        t1: Instant,
+        quiet: Duration,
+    ) -> (u64, Duration) {
+        let updates = || self.lb_updates() - before;
+        // Updates already made count as made now (the caller waited for them): an upper bound.
+        let mut seen = updates();
+        let mut last_change = if seen > 0 {
+            t1.elapsed()
+        } else {
+            Duration::ZERO
+        };
+        while t1.elapsed() < last_change + quiet {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let now = updates();
+            if now != seen {
+                (seen, last_change) = (now, t1.elapsed());
+            }
+        }
+        (seen, last_change)
+    }
+
     pub(super) async fn metric(&self, prefix: &str) -> u64 {
         let Ok((200, body)) = self.http.get("/metrics").await else {
             return 0;

@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::BenchOptions;
 use super::env::Env;
 use super::report::{Percentiles, ScenarioResult, percentiles};
-use super::track::{Tracker, initialized, routed, spinner};
+use super::track::{Tracker, initialized, join_one, routed, spinner};
 use crate::cluster::Bodies;
 
 /// One figure of the reference run, measured here and (at the reference run's sizes) there.
@@ -229,18 +229,12 @@ async fn join_with_lbs(
     m: &mut Measured,
     r: &mut ScenarioResult,
 ) -> anyhow::Result<bool> {
-    let op = ccm_cloud::op::UPDATE_LOAD_BALANCER;
-    let before = env.cluster.cloud.call_count(op);
+    let before = env.lb_updates();
     let t1 = Instant::now();
     let (ok, (init, net)) = join_one(env, opts, opts.nodes).await?;
-    let updates = || env.cluster.cloud.call_count(op) - before;
-    let (mut seen, mut last_change) = (updates(), Duration::ZERO);
-    while t1.elapsed() < last_change + Duration::from_secs(20) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        if updates() != seen {
-            (seen, last_change) = (updates(), t1.elapsed());
-        }
-    }
+    let (seen, last_change) = env
+        .lb_updates_settled(before, t1, Duration::from_secs(20))
+        .await;
     m.set("(d) joined Node initialized, s", init);
     m.set("(d) joined Node routed, s", net);
     m.set("(d) UpdateLoadBalancer calls", seen as f64);
@@ -251,30 +245,6 @@ async fn join_with_lbs(
     r.node_join_lb_updates = Some(seen);
     r.node_join_lb_update_seconds = Some(last_change.as_secs_f64());
     Ok(ok)
-}
-
-/// Node number `i` joins; seconds until it was initialized and until it was routed.
-async fn join_one(env: &Env, opts: &BenchOptions, i: u32) -> anyhow::Result<(bool, (f64, f64))> {
-    let client = env.cluster.user_client();
-    let (init, net) = (
-        Tracker::nodes(client.clone(), initialized),
-        Tracker::nodes(client, routed),
-    );
-    // Both trackers list what exists (Nodes 0..i) first; the join is timed from after that.
-    let settled = i as usize;
-    env.until(opts.timeout.0, || async {
-        Ok(init.count() >= settled && net.count() >= settled)
-    })
-    .await?;
-    let (name, t) = env.cluster.register(i).await?;
-    let ok = env
-        .until(opts.timeout.0, || async {
-            Ok(init.first.lock().contains_key(&name) && net.first.lock().contains_key(&name))
-        })
-        .await?;
-    let created = HashMap::from([(name, t)]);
-    let one = |t: &Tracker| t.latencies(&created).first().copied().unwrap_or(f64::NAN);
-    Ok((ok, (one(&init), one(&net))))
 }
 
 /// `kubelets` clients register Nodes `range`: per Node, when its POST returned and when its

@@ -89,6 +89,8 @@ pub struct ScenarioResult {
     pub node_join_lb_update_seconds: Option<f64>,
     /// Node join: UpdateLoadBalancer calls.
     pub node_join_lb_updates: Option<u64>,
+    /// Scale: one Node joining the settled cluster.
+    pub join: Option<Join>,
     /// Successful CCM writes to nodes (incl. status) per node.
     pub api_node_writes_per_node: Option<f64>,
     /// Successful CCM writes of any kind (incl. events) per node.
@@ -143,6 +145,17 @@ pub struct Registrations {
     pub seconds: f64,
     /// Per kubelet: its Node POST + status PATCH, seconds.
     pub latency: Percentiles,
+}
+
+/// One Node joining a settled cluster of the scenario's size: what a join costs at that size.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Join {
+    /// From just before its kubelet's POST to initialized.
+    pub initialized_seconds: f64,
+    /// From just before its kubelet's POST to `NetworkUnavailable=False`.
+    pub routed_seconds: f64,
+    /// CCM CPU from the join until its load-balancer updates were quiet for 3 s.
+    pub cpu_seconds: f64,
 }
 
 /// Chaos: one fault, what it took to recover and whether the invariants held.
@@ -249,6 +262,12 @@ pub(super) fn print_table(results: &[ScenarioResult]) {
                 p.p99,
                 p.max,
                 f(r.all_ingress_seconds)
+            );
+        }
+        if let Some(j) = &r.join {
+            println!(
+                "  one join                initialized {:.3}s, routed {:.3}s, CCM CPU {:.2}s",
+                j.initialized_seconds, j.routed_seconds, j.cpu_seconds
             );
         }
         if r.node_join_lb_update_seconds.is_some() {

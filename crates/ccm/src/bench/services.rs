@@ -30,10 +30,7 @@ pub(super) async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResu
         .await?;
     let all_ingress = t0.elapsed().as_secs_f64();
     converged &= all;
-    let updates_before = env
-        .cluster
-        .cloud
-        .call_count(ccm_cloud::op::UPDATE_LOAD_BALANCER);
+    let updates_before = env.lb_updates();
     let t1 = Instant::now();
     env.cluster.add_node(opts.nodes).await?;
     let joined = env
@@ -44,23 +41,10 @@ pub(super) async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResu
         .await?;
     converged &= joined;
     // Every update the join causes, not only the first pass that reached all LBs: a second
-    // pass (e.g. when the providerID arrives) lands up to a node-sync window later. The count
-    // is final once it has not moved for 3 s (the real-server run waited 20 s).
-    let updates = || {
-        env.cluster
-            .cloud
-            .call_count(ccm_cloud::op::UPDATE_LOAD_BALANCER)
-            - updates_before
-    };
-    let (mut seen, mut last_change) = (updates(), t1.elapsed());
-    let quiet = Duration::from_secs(3);
-    while t1.elapsed() < last_change + quiet {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let now = updates();
-        if now != seen {
-            (seen, last_change) = (now, t1.elapsed());
-        }
-    }
+    // pass (e.g. when the providerID arrives) lands up to a node-sync window later.
+    let (seen, last_change) = env
+        .lb_updates_settled(updates_before, t1, Duration::from_secs(3))
+        .await;
     let mut r = ScenarioResult {
         scenario: "services".into(),
         converged,

@@ -17,6 +17,7 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use parking_lot::Mutex;
 
+use super::BenchOptions;
 use super::env::Env;
 use super::report::ScenarioResult;
 use crate::cluster::SimCluster;
@@ -242,4 +243,32 @@ pub(super) async fn add_cluster_ip_services(cluster: &SimCluster, n: u32) -> any
         .collect()
         .await;
     results.into_iter().collect()
+}
+
+/// Node number `i` joins; seconds until it was initialized and until it was routed.
+pub(super) async fn join_one(
+    env: &Env,
+    opts: &BenchOptions,
+    i: u32,
+) -> anyhow::Result<(bool, (f64, f64))> {
+    let client = env.cluster.user_client();
+    let (init, net) = (
+        Tracker::nodes(client.clone(), initialized),
+        Tracker::nodes(client, routed),
+    );
+    // Both trackers list what exists (Nodes 0..i) first; the join is timed from after that.
+    let settled = i as usize;
+    env.until(opts.timeout.0, || async {
+        Ok(init.count() >= settled && net.count() >= settled)
+    })
+    .await?;
+    let (name, t) = env.cluster.register(i).await?;
+    let ok = env
+        .until(opts.timeout.0, || async {
+            Ok(init.first.lock().contains_key(&name) && net.first.lock().contains_key(&name))
+        })
+        .await?;
+    let created = HashMap::from([(name, t)]);
+    let one = |t: &Tracker| t.latencies(&created).first().copied().unwrap_or(f64::NAN);
+    Ok((ok, (one(&init), one(&net))))
 }

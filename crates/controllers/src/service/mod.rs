@@ -53,6 +53,27 @@ pub const CONTROLLER_NAME: &str = "service-lb-controller";
 /// Alias accepted by `--controllers` and used in `running_managed_controllers`.
 pub const CONTROLLER_ALIAS: &str = "service";
 
+/// A Node as load-balancer providers receive it: metadata, spec and addresses. The status
+/// conditions are left out: readiness does not decide LB membership (StableLoadBalancerNodeSet),
+/// no provider reads them, and the list is reused while only conditions change, so they would be
+/// stale anyway; they were ~40 % of each copy, and the list holds a copy of every LB Node.
+fn lb_node(node: &Node) -> Node {
+    Node {
+        metadata: node.metadata.clone(),
+        spec: node.spec.clone(),
+        status: node
+            .status
+            .as_ref()
+            .map(|s| k8s_openapi::api::core::v1::NodeStatus {
+                addresses: s.addresses.clone(),
+                ..Default::default()
+            }),
+    }
+}
+
+/// The largest [`ServiceConfig::nodes_in_flight`]: the semaphore's permit limit.
+const MAX_NODES_IN_FLIGHT: usize = 1 << 28;
+
 /// Flags of the service controller.
 #[derive(Debug, Clone)]
 pub struct ServiceConfig {
@@ -75,6 +96,14 @@ pub struct ServiceConfig {
     /// acted on at once, but one arriving within this window of such a pass waits for the
     /// window's end, so a burst of Node changes costs one pass per window. Default 1s.
     pub node_sync_window: Duration,
+    /// How many Nodes concurrent `EnsureLoadBalancer`/`UpdateLoadBalancer` calls may hold
+    /// between them. Default 400,000. Each call holds a copy of the LB Nodes (a new one whenever
+    /// the set changed) and turns it into a request body (a host list, target registrations):
+    /// with 100 calls at once on 50,000 Nodes that was gigabytes. Up to 4,000 Nodes the default
+    /// never limits the 100 concurrent syncs; above, `budget / nodes` calls run at once (40 at
+    /// 10,000 Nodes, 8 at 50,000; upstream runs one). A call with more Nodes than the budget
+    /// still runs, alone.
+    pub nodes_in_flight: usize,
 }
 
 impl Default for ServiceConfig {
@@ -87,6 +116,7 @@ impl Default for ServiceConfig {
             },
             drift_check_period: None,
             node_sync_window: Duration::from_secs(1),
+            nodes_in_flight: 400_000,
         }
     }
 }
@@ -97,6 +127,12 @@ impl ServiceConfig {
             return Err(StartError::Invalid(
                 "--concurrent-service-syncs: must be at least 1; set it to 1 for upstream's serial behaviour or leave the default 100".into(),
             ));
+        }
+        if self.nodes_in_flight == 0 || self.nodes_in_flight > MAX_NODES_IN_FLIGHT {
+            return Err(StartError::Invalid(format!(
+                "service controller: nodes in flight must be between 1 and {MAX_NODES_IN_FLIGHT}, not {}",
+                self.nodes_in_flight
+            )));
         }
         if self.backoff.base.is_zero() || self.backoff.max < self.backoff.base {
             return Err(StartError::Invalid(format!(
@@ -236,6 +272,8 @@ struct Inner {
     /// is deleted or its status is written again.
     status_cleared: Mutex<HashMap<String, String>>,
     locks: KeyLocks,
+    /// [`ServiceConfig::nodes_in_flight`] as permits, one per Node handed to a provider call.
+    node_budget: tokio::sync::Semaphore,
     metrics: Metrics,
     /// Node syncs and drift checks in progress (for [`ServiceHandle::pending`]).
     busy: AtomicUsize,
@@ -303,6 +341,7 @@ impl ServiceController {
             stop.clone(),
         );
         let recorder = shared.recorder(&client, EVENT_SOURCE);
+        let node_budget = tokio::sync::Semaphore::new(config.nodes_in_flight);
         Ok(ServiceController {
             inner: Arc::new(Inner {
                 shared,
@@ -317,6 +356,7 @@ impl ServiceController {
                 lb_nodes_cache: Mutex::default(),
                 status_cleared: Mutex::default(),
                 locks: KeyLocks::default(),
+                node_budget,
                 metrics: Metrics::new(registry),
                 busy: AtomicUsize::new(0),
                 stop,
@@ -626,6 +666,9 @@ impl Inner {
                     ))?,
             );
         }
+        // Before the list: a sync waiting for its turn holds no copy of the Nodes. Every cached
+        // Node is the bound (the LB Nodes are not known before the list).
+        let permits = self.node_permits(self.shared.nodes.len()).await;
         let (nodes, set) = self.lb_nodes();
         if nodes.is_empty() {
             self.event(
@@ -638,11 +681,12 @@ impl Inner {
         if let Some(s) = self.state.lock().get_mut(key) {
             s.last_synced_nodes = Some(set);
         }
-        let status = match self
+        let ensured = self
             .lb
             .ensure_load_balancer(&self.shared.cluster_name, svc, &nodes)
-            .await
-        {
+            .await;
+        drop(permits);
+        let status = match ensured {
             Ok(status) => status,
             Err(CloudError::ImplementedElsewhere) => return Ok(()),
             Err(e) => return Err(SyncError::cloud("failed to ensure load balancer")(e)),
@@ -707,10 +751,18 @@ impl Inner {
             *g = (*g).max(generation);
             return (nodes.clone(), set.clone());
         }
-        let nodes: Arc<Vec<Node>> = Arc::new(current.iter().map(|n| (**n).clone()).collect());
+        let nodes: Arc<Vec<Node>> = Arc::new(current.iter().map(|n| lb_node(n)).collect());
         let set = Arc::new(lb_node_set(nodes.iter()));
         *cache = Some((generation, key, nodes.clone(), set.clone()));
         (nodes, set)
+    }
+
+    /// Waits until a provider call with `nodes` Nodes fits in [`ServiceConfig::nodes_in_flight`].
+    async fn node_permits(&self, nodes: usize) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        let n = nodes.min(self.config.nodes_in_flight);
+        // `as u32` cannot truncate: validate() caps the budget below u32::MAX. The semaphore is
+        // never closed, so an error cannot happen; a call then goes ahead without permits.
+        self.node_budget.acquire_many(n as u32).await.ok()
     }
 
     fn api(&self, svc: &Service) -> Api<Service> {
@@ -885,11 +937,13 @@ impl Inner {
             s.cached.clone()
         };
         self.metrics.loadbalancer_sync.inc();
+        let permits = self.node_permits(nodes.len()).await;
         let start = Instant::now();
         let result = self
             .lb
             .update_load_balancer(&self.shared.cluster_name, &svc, nodes)
             .await;
+        drop(permits);
         self.metrics
             .update_host_latency
             .observe(start.elapsed().as_secs_f64());

@@ -120,6 +120,7 @@ async fn start(client: &kube::Client, config: &str) -> Running {
         },
         drift_check_period: None,
         node_sync_window: Duration::from_millis(50),
+        ..ServiceConfig::default()
     };
     let controller =
         ServiceController::new(shared, client.clone(), config, &mut Registry::default())
