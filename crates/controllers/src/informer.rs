@@ -95,8 +95,7 @@ where
     }
 
     /// An empty cache applying `transform` to each object before storing it (to drop fields no
-    /// controller reads). It must be idempotent: a re-list's objects pass it as they arrive and
-    /// again in [`Informer::replace`].
+    /// controller reads).
     pub fn with_transform(transform: impl Fn(&mut K) + Send + Sync + 'static) -> Self {
         Informer {
             inner: Arc::new(Inner {
@@ -218,10 +217,20 @@ where
     /// difference, then marks the cache ready.
     pub fn replace(&self, objects: Vec<K>) {
         let mut fresh = HashMap::with_capacity(objects.len());
-        for mut obj in objects {
-            (self.inner.transform)(&mut obj);
-            fresh.insert(object_key(&obj), Arc::new(obj));
+        for obj in objects {
+            self.insert_trimmed(&mut fresh, obj);
         }
+        self.replace_trimmed(fresh);
+    }
+
+    /// Adds `obj` to a fresh list after the transform.
+    fn insert_trimmed(&self, fresh: &mut HashMap<String, Arc<K>>, mut obj: K) {
+        (self.inner.transform)(&mut obj);
+        fresh.insert(object_key(&obj), Arc::new(obj));
+    }
+
+    /// [`Informer::replace`] with a list already transformed and keyed.
+    fn replace_trimmed(&self, fresh: HashMap<String, Arc<K>>) {
         let mut store = self.inner.store.write();
         let old_store = std::mem::take(&mut *store);
         for (key, new) in &fresh {
@@ -260,7 +269,7 @@ where
     {
         let stream = watcher::watcher(api, config).default_backoff();
         futures::pin_mut!(stream);
-        let mut relist: Option<Vec<K>> = None;
+        let mut relist: Option<HashMap<String, Arc<K>>> = None;
         loop {
             let next = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -271,19 +280,18 @@ where
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, kind = %K::kind(&Default::default()), "watch failed; retrying")
                 }
-                Some(Ok(Event::Init)) => relist = Some(Vec::new()),
-                Some(Ok(Event::InitApply(mut obj))) => {
+                Some(Ok(Event::Init)) => relist = Some(HashMap::new()),
+                Some(Ok(Event::InitApply(obj))) => {
                     if let Some(list) = relist.as_mut() {
                         // Trimmed as it arrives: a re-list of 50,000 kubelet Nodes held whole
                         // (managedFields, images) until the last page is hundreds of megabytes.
-                        (self.inner.transform)(&mut obj);
-                        list.push(obj);
+                        self.insert_trimmed(list, obj);
                     }
                 }
                 Some(Ok(Event::InitDone)) => {
                     let list = relist.take().unwrap_or_default();
                     tracing::debug!(count = list.len(), kind = %K::kind(&Default::default()), "cache (re)listed");
-                    self.replace(list);
+                    self.replace_trimmed(list);
                 }
                 Some(Ok(Event::Apply(obj))) => self.apply(obj),
                 Some(Ok(Event::Delete(obj))) => self.delete(&obj),

@@ -98,6 +98,9 @@ pub(super) async fn burst_on(
     Ok(r)
 }
 
+/// The scale scenario makes every `LB_EVERY`th Service a LoadBalancer.
+const LB_EVERY: u32 = 50;
+
 /// A large burst, then many Services (every 50th a LoadBalancer) on the same CCM: the burst's
 /// figures at scale plus time to ingress among 10,000 Services and the memory of it all.
 pub(super) async fn scale(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
@@ -128,7 +131,7 @@ pub(super) async fn scale_on(env: &Env, opts: &BenchOptions) -> anyhow::Result<S
             .map(|i| async move {
                 let name = format!("scale-{i}");
                 let t = Instant::now();
-                if i % 50 == 0 {
+                if i % LB_EVERY == 0 {
                     env.cluster.add_service(&name).await?;
                     Ok(Some((name, t)))
                 } else {
@@ -172,13 +175,9 @@ async fn join_at_scale(
     let before = env.lb_updates();
     let t1 = Instant::now();
     let (mut ok, (init, net)) = join_one(env, opts, opts.scale_nodes).await?;
-    let lbs = opts.scale_services.div_ceil(50) as usize;
-    let hosts = opts.scale_nodes as usize + 1;
+    let lbs = opts.scale_services.div_ceil(LB_EVERY) as usize;
     ok &= env
-        .until(opts.timeout.0, || async {
-            let counts = env.cluster.cloud.load_balancer_host_counts();
-            Ok(counts.len() == lbs && counts.iter().all(|h| *h == hosts))
-        })
+        .until_lbs_have(opts.timeout.0, lbs, opts.scale_nodes as usize + 1)
         .await?;
     let (updates, last) = env
         .lb_updates_settled(before, t1, Duration::from_secs(3))

@@ -288,6 +288,21 @@ impl Env {
             .call_count(ccm_cloud::op::UPDATE_LOAD_BALANCER)
     }
 
+    /// Waits until there are `lbs` load balancers, each with `hosts` hosts (a join reached them
+    /// all); false on timeout.
+    pub(super) async fn until_lbs_have(
+        &self,
+        timeout: Duration,
+        lbs: usize,
+        hosts: usize,
+    ) -> anyhow::Result<bool> {
+        self.until(timeout, || async {
+            let counts = self.cluster.cloud.load_balancer_host_counts();
+            Ok(counts.len() == lbs && counts.iter().all(|h| *h == hosts))
+        })
+        .await
+    }
+
     /// `UpdateLoadBalancer` calls since the count was `before`, once the count has not moved
     /// for `quiet`, and how long after `t1` it last moved: every update a join causes, not only
     /// the first pass (a second one lands up to a node-sync window later).

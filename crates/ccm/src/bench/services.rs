@@ -33,13 +33,7 @@ pub(super) async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResu
     let updates_before = env.lb_updates();
     let t1 = Instant::now();
     env.cluster.add_node(opts.nodes).await?;
-    let joined = env
-        .until(opts.timeout.0, || async {
-            let hosts = env.cluster.cloud.load_balancer_host_counts();
-            Ok(hosts.len() == m && hosts.iter().all(|h| *h == n + 1))
-        })
-        .await?;
-    converged &= joined;
+    converged &= env.until_lbs_have(opts.timeout.0, m, n + 1).await?;
     // Every update the join causes, not only the first pass that reached all LBs: a second
     // pass (e.g. when the providerID arrives) lands up to a node-sync window later.
     let (seen, last_change) = env
