@@ -429,7 +429,7 @@ impl LoadBalancer for MeteredLoadBalancer {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         self.meter
             .call(
@@ -442,7 +442,7 @@ impl LoadBalancer for MeteredLoadBalancer {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         self.meter
             .call(

@@ -257,12 +257,14 @@ pub trait LoadBalancer: Send + Sync + 'static {
     /// `nodes` are the Nodes that back load balancers, sorted by name, with their metadata
     /// (minus `managedFields`), spec and `status.addresses` only: the controller holds one copy
     /// of every such Node for all Services, and at 50,000 Nodes the rest of the status (images,
-    /// capacity, conditions) was most of its memory. The same holds for `update_load_balancer`.
+    /// capacity, conditions) was most of its memory. Shared (`Arc`, as upstream's `[]*v1.Node`):
+    /// lists built a moment apart share the Nodes that did not change. The same holds for
+    /// `update_load_balancer`.
     async fn ensure_load_balancer(
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus>;
 
     /// Replace the LB's backend hosts with `nodes`; nothing else changes.
@@ -270,7 +272,7 @@ pub trait LoadBalancer: Send + Sync + 'static {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()>;
 
     /// Delete the LB; `Ok(())` if it is already gone. Must not return `ImplementedElsewhere`.
@@ -373,11 +375,16 @@ mod tests {
             &self,
             _: &str,
             _: &Service,
-            _: &[Node],
+            _: &[Arc<Node>],
         ) -> CloudResult<LoadBalancerStatus> {
             Ok(LoadBalancerStatus::default())
         }
-        async fn update_load_balancer(&self, _: &str, _: &Service, _: &[Node]) -> CloudResult<()> {
+        async fn update_load_balancer(
+            &self,
+            _: &str,
+            _: &Service,
+            _: &[Arc<Node>],
+        ) -> CloudResult<()> {
             Ok(())
         }
         async fn ensure_load_balancer_deleted(&self, _: &str, _: &Service) -> CloudResult<()> {

@@ -172,7 +172,7 @@ async fn ensure(
     ctx: &Ctx,
     lb: &dyn LoadBalancer,
     svc: &Service,
-    nodes: &[Node],
+    nodes: &[Arc<Node>],
 ) -> Result<LoadBalancerStatus, Verdict> {
     ctx.ledger.service(ctx.cluster(), svc);
     // Providers answer Retry while the LB provisions: ask again, as the controller would.
@@ -188,14 +188,14 @@ async fn ensure(
     }
 }
 
-fn hosts(nodes: &[Node]) -> Vec<String> {
+fn hosts(nodes: &[Arc<Node>]) -> Vec<String> {
     let mut h: Vec<String> = nodes.iter().map(|n| node_name(n).to_string()).collect();
     h.sort();
     h
 }
 
 async fn lifecycle(ctx: &Ctx, lb: &Arc<dyn LoadBalancer>) {
-    let nodes = ctx.nodes.lock().clone();
+    let nodes: Vec<Arc<Node>> = ctx.nodes.lock().iter().cloned().map(Arc::new).collect();
     let svc = service("conformance-lb", 80, 30080);
     let pre = match ctx.need_destructive() {
         Err(v) => Err(v),
@@ -245,7 +245,7 @@ async fn create(
     ctx: &Ctx,
     lb: &dyn LoadBalancer,
     svc: &Service,
-    nodes: &[Node],
+    nodes: &[Arc<Node>],
 ) -> Result<BTreeSet<String>, Verdict> {
     let st = ensure(ctx, lb, svc, nodes).await?;
     let ip = ingress(&st);
@@ -291,7 +291,7 @@ async fn idempotent(
     ctx: &Ctx,
     lb: &dyn LoadBalancer,
     svc: &Service,
-    nodes: &[Node],
+    nodes: &[Arc<Node>],
     ip: &BTreeSet<String>,
 ) -> Check {
     let again = ingress(&ensure(ctx, lb, svc, nodes).await?);
@@ -307,7 +307,7 @@ async fn converges(
     ctx: &Ctx,
     lb: &dyn LoadBalancer,
     svc: &Service,
-    nodes: &[Node],
+    nodes: &[Arc<Node>],
     ip: &BTreeSet<String>,
 ) -> Check {
     let changed = with_port(svc, 8080);
@@ -338,7 +338,12 @@ async fn converges(
     Ok(())
 }
 
-async fn update_hosts(ctx: &Ctx, lb: &dyn LoadBalancer, svc: &Service, nodes: &[Node]) -> Check {
+async fn update_hosts(
+    ctx: &Ctx,
+    lb: &dyn LoadBalancer,
+    svc: &Service,
+    nodes: &[Arc<Node>],
+) -> Check {
     let want = if nodes.len() > 1 { &nodes[1..] } else { nodes };
     if let Err(e) = lb.update_load_balancer(ctx.cluster(), svc, want).await {
         return fail(format!("update_load_balancer failed: {e}"));
@@ -419,7 +424,7 @@ async fn delete_twice(ctx: &Ctx, lb: &dyn LoadBalancer, svc: &Service) -> Check 
 
 async fn cancelled_ensure(ctx: &Ctx, lb: &Arc<dyn LoadBalancer>) -> Check {
     ctx.need_destructive()?;
-    let nodes = ctx.nodes.lock().clone();
+    let nodes: Vec<Arc<Node>> = ctx.nodes.lock().iter().cloned().map(Arc::new).collect();
     if nodes.is_empty() {
         return Err(Verdict::NotRun("no instance to use as a backend".into()));
     }

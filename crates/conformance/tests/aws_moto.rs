@@ -265,13 +265,18 @@ impl LoadBalancer for Switching {
         &self,
         c: &str,
         s: &Service,
-        n: &[Node],
+        n: &[std::sync::Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         cap(self.now().load_balancer())
             .ensure_load_balancer(c, s, n)
             .await
     }
-    async fn update_load_balancer(&self, c: &str, s: &Service, n: &[Node]) -> CloudResult<()> {
+    async fn update_load_balancer(
+        &self,
+        c: &str,
+        s: &Service,
+        n: &[std::sync::Arc<Node>],
+    ) -> CloudResult<()> {
         cap(self.now().load_balancer())
             .update_load_balancer(c, s, n)
             .await

@@ -360,11 +360,16 @@ impl LoadBalancer for Switching {
         &self,
         c: &str,
         s: &Service,
-        n: &[Node],
+        n: &[std::sync::Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         self.lb().ensure_load_balancer(c, s, n).await
     }
-    async fn update_load_balancer(&self, c: &str, s: &Service, n: &[Node]) -> CloudResult<()> {
+    async fn update_load_balancer(
+        &self,
+        c: &str,
+        s: &Service,
+        n: &[std::sync::Arc<Node>],
+    ) -> CloudResult<()> {
         self.lb().update_load_balancer(c, s, n).await
     }
     async fn ensure_load_balancer_deleted(&self, c: &str, s: &Service) -> CloudResult<()> {

@@ -658,7 +658,7 @@ impl ccm_cloud::LoadBalancer for NodesInFlight {
         &self,
         cluster: &str,
         svc: &Service,
-        nodes: &[Node],
+        nodes: &[std::sync::Arc<Node>],
     ) -> ccm_cloud::CloudResult<k8s_openapi::api::core::v1::LoadBalancerStatus> {
         let call = self.inner.ensure_load_balancer(cluster, svc, nodes);
         self.holding(nodes.len(), call).await
@@ -667,7 +667,7 @@ impl ccm_cloud::LoadBalancer for NodesInFlight {
         &self,
         cluster: &str,
         svc: &Service,
-        nodes: &[Node],
+        nodes: &[std::sync::Arc<Node>],
     ) -> ccm_cloud::CloudResult<()> {
         let call = self.inner.update_load_balancer(cluster, svc, nodes);
         self.holding(nodes.len(), call).await

@@ -100,7 +100,7 @@ impl LoadBalancer for Broken {
         &self,
         cluster: &str,
         svc: &Service,
-        nodes: &[Node],
+        nodes: &[std::sync::Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         self.forgotten.lock().remove(&key(svc));
         if self.how != Break::EnsureNotIdempotent {
@@ -118,7 +118,7 @@ impl LoadBalancer for Broken {
         &self,
         cluster: &str,
         svc: &Service,
-        nodes: &[Node],
+        nodes: &[std::sync::Arc<Node>],
     ) -> CloudResult<()> {
         self.sim.update_load_balancer(cluster, svc, nodes).await
     }

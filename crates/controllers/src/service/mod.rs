@@ -55,8 +55,8 @@ pub const CONTROLLER_ALIAS: &str = "service";
 
 /// A Node as load-balancer providers receive it: metadata, spec and addresses. The status
 /// conditions are left out: readiness does not decide LB membership (StableLoadBalancerNodeSet),
-/// no provider reads them, and the list is reused while only conditions change, so they would be
-/// stale anyway; they were ~40 % of each copy, and the list holds a copy of every LB Node.
+/// no provider reads them, and a copy is reused while only conditions change, so they would be
+/// stale anyway; they were ~40 % of each copy.
 fn lb_node(node: &Node) -> Node {
     Node {
         metadata: node.metadata.clone(),
@@ -68,6 +68,37 @@ fn lb_node(node: &Node) -> Node {
                 addresses: s.addresses.clone(),
                 ..Default::default()
             }),
+    }
+}
+
+/// The providers' copies of the LB Nodes, one per Node and version, shared by every list that
+/// holds that version: a new list (a Node joined) copies only the Nodes that changed since the
+/// last one. With a copy of every Node per list, each list still held by a provider call kept
+/// its own — at 25,000 Nodes most of the controller's memory while Services were ensured
+/// during a burst.
+#[derive(Default)]
+struct LbNodeCopies(HashMap<String, (Option<String>, Arc<Node>)>);
+
+impl LbNodeCopies {
+    /// The copies of `current` (sorted as given), made anew only for a Node whose
+    /// resourceVersion moved; copies of Nodes no longer listed are dropped.
+    fn share(&mut self, current: &[Arc<Node>]) -> Vec<Arc<Node>> {
+        let mut next = HashMap::with_capacity(current.len());
+        let list = current
+            .iter()
+            .map(|n| {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                let rv = &n.metadata.resource_version;
+                let copy = match self.0.remove(&name) {
+                    Some((seen, copy)) if rv.is_some() && seen == *rv => copy,
+                    _ => Arc::new(lb_node(n)),
+                };
+                next.insert(name, (rv.clone(), copy.clone()));
+                copy
+            })
+            .collect();
+        self.0 = next;
+        list
     }
 }
 
@@ -250,7 +281,7 @@ struct KeyState {
 
 /// The LB node list with the node cache generation and the hash of what it was built from,
 /// and its set.
-type LbNodes = (u64, u64, Arc<Vec<Node>>, Arc<NodeSet>);
+type LbNodes = (u64, u64, Arc<Vec<Arc<Node>>>, Arc<NodeSet>);
 
 struct Inner {
     shared: Shared,
@@ -266,6 +297,8 @@ struct Inner {
     /// The last LB node list handed out, shared by every Service until the set or an address
     /// changes: 200 Services × 1,000 Nodes must not mean 200 copies of every Node.
     lb_nodes_cache: Mutex<Option<LbNodes>>,
+    /// The Node copies those lists share.
+    lb_node_copies: Mutex<LbNodeCopies>,
     /// Key → UID of Services whose status the delete path cleared. Outlives the key's
     /// [`KeyState`] (which a successful delete removes) so that a following ensure does not
     /// trust a cache still showing the ingress from before the clear. Dropped when the Service
@@ -354,6 +387,7 @@ impl ServiceController {
                 node_queue,
                 state: Mutex::default(),
                 lb_nodes_cache: Mutex::default(),
+                lb_node_copies: Mutex::default(),
                 status_cleared: Mutex::default(),
                 locks: KeyLocks::default(),
                 node_budget,
@@ -712,7 +746,7 @@ impl Inner {
     /// that is known without looking at the Nodes: 200 Services ensured at once on 1,000 Nodes
     /// took 200 passes over every Node (listing, sorting, hashing: a third of the CCM's CPU in
     /// that burst).
-    fn lb_nodes(&self) -> (Arc<Vec<Node>>, Arc<NodeSet>) {
+    fn lb_nodes(&self) -> (Arc<Vec<Arc<Node>>>, Arc<NodeSet>) {
         use std::hash::{Hash, Hasher};
         // Read before listing: a change after this point bumps it again, so the result stored
         // below is never taken for newer than the list it was built from.
@@ -751,8 +785,8 @@ impl Inner {
             *g = (*g).max(generation);
             return (nodes.clone(), set.clone());
         }
-        let nodes: Arc<Vec<Node>> = Arc::new(current.iter().map(|n| lb_node(n)).collect());
-        let set = Arc::new(lb_node_set(nodes.iter()));
+        let nodes = Arc::new(self.lb_node_copies.lock().share(&current));
+        let set = Arc::new(lb_node_set(nodes.iter().map(|n| &**n)));
         *cache = Some((generation, key, nodes.clone(), set.clone()));
         (nodes, set)
     }
@@ -915,7 +949,7 @@ impl Inner {
     }
 
     /// Whether it called `UpdateLoadBalancer`.
-    async fn node_sync_service(&self, key: &str, nodes: &[Node], set: &Arc<NodeSet>) -> bool {
+    async fn node_sync_service(&self, key: &str, nodes: &[Arc<Node>], set: &Arc<NodeSet>) -> bool {
         let _guard = self.locks.lock(key).await;
         // Decide under the lock: a sync that ran meanwhile may already have sent this set.
         let svc = {
@@ -1045,5 +1079,74 @@ impl Inner {
                 }
             })
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, rv: Option<&str>, ip: &str) -> Arc<Node> {
+        let mut n = Node::default();
+        n.metadata.name = Some(name.into());
+        n.metadata.resource_version = rv.map(str::to_string);
+        n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            addresses: Some(vec![k8s_openapi::api::core::v1::NodeAddress {
+                type_: "InternalIP".into(),
+                address: ip.into(),
+            }]),
+            ..Default::default()
+        });
+        Arc::new(n)
+    }
+
+    #[test]
+    fn lists_share_the_copies_of_nodes_that_did_not_change() {
+        let mut copies = LbNodeCopies::default();
+        let first = copies.share(&[
+            node("a", Some("1"), "10.0.0.1"),
+            node("b", Some("1"), "10.0.0.2"),
+        ]);
+        let second = copies.share(&[
+            node("a", Some("1"), "10.0.0.1"),
+            node("b", Some("2"), "10.0.0.9"),
+            node("c", Some("1"), "10.0.0.3"),
+        ]);
+        assert!(Arc::ptr_eq(&first[0], &second[0]), "unchanged a is shared");
+        assert!(!Arc::ptr_eq(&first[1], &second[1]), "b moved: a new copy");
+        let ip = |n: &Node| {
+            n.status.as_ref().unwrap().addresses.as_ref().unwrap()[0]
+                .address
+                .clone()
+        };
+        assert_eq!(ip(&second[1]), "10.0.0.9");
+        assert_eq!(
+            ip(&first[1]),
+            "10.0.0.2",
+            "a list already handed out keeps its Node"
+        );
+        // c left: its copy is no longer kept, and a Node back under the same version is
+        // copied anew only if the copy was dropped (it was).
+        let third = copies.share(&[node("a", Some("1"), "10.0.0.1")]);
+        assert_eq!(copies.0.len(), 1);
+        assert!(Arc::ptr_eq(&first[0], &third[0]));
+    }
+
+    #[test]
+    fn a_node_without_a_resource_version_is_always_copied_anew() {
+        let mut copies = LbNodeCopies::default();
+        let first = copies.share(&[node("a", None, "10.0.0.1")]);
+        let second = copies.share(&[node("a", None, "10.0.0.2")]);
+        assert!(!Arc::ptr_eq(&first[0], &second[0]));
+        let ip = second[0]
+            .status
+            .as_ref()
+            .unwrap()
+            .addresses
+            .as_ref()
+            .unwrap()[0]
+            .address
+            .clone();
+        assert_eq!(ip, "10.0.0.2");
     }
 }

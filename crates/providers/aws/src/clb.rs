@@ -3,6 +3,7 @@
 //! Service's source ranges, and an allow-all rule from that group on the nodes' groups.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use aws_sdk_ec2::types::{Filter, IpPermission, ResourceType, TagSpecification, UserIdGroupPair};
 use aws_sdk_elasticloadbalancing::types::{
@@ -377,7 +378,7 @@ impl AwsCloud {
         cluster: &str,
         name: &str,
         spec: &LbSpec,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<String> {
         let ids = self.node_instance_ids(nodes).await?;
         let vpc = self.vpc(&ids).await?;
@@ -897,7 +898,7 @@ impl AwsCloud {
         cluster: &str,
         name: &str,
         spec: Option<&LbSpec>,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         let Some(d) = self.clb_describe(name).await? else {
             return Err(CloudError::Permanent(format!(

@@ -2,6 +2,7 @@
 //! groups, tags, and the [`LoadBalancer`] entry points that pick the LB kind.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use aws_sdk_ec2::types::{Filter, IpPermission};
@@ -62,7 +63,10 @@ impl AwsCloud {
     /// Instance ids of the Nodes, from their providerIDs, else from memory or a lookup by name.
     /// Fargate and hybrid Nodes have no instance to put behind a load balancer: they are left
     /// out, so that one of them never fails the other Nodes' backends.
-    pub(crate) async fn node_instance_ids(&self, nodes: &[Node]) -> CloudResult<BTreeSet<String>> {
+    pub(crate) async fn node_instance_ids(
+        &self,
+        nodes: &[Arc<Node>],
+    ) -> CloudResult<BTreeSet<String>> {
         let mut ids = BTreeSet::new();
         let mut names = Vec::new();
         for n in nodes {
@@ -142,7 +146,7 @@ impl AwsCloud {
 
 /// The nodes the Service's LB sends traffic to: those carrying every label of the
 /// target-node-labels annotation (an empty value matches any), as upstream's `filterTargetNodes`.
-fn target_nodes(service: &Service, nodes: &[Node]) -> Vec<Node> {
+fn target_nodes(service: &Service, nodes: &[Arc<Node>]) -> Vec<Arc<Node>> {
     let want = annotations::target_node_labels(service);
     nodes
         .iter()
@@ -191,7 +195,12 @@ impl AwsCloud {
     }
 
     /// The backends of whichever LB of this name exists follow `nodes`; nothing else changes.
-    async fn backends_only(&self, cluster: &str, name: &str, nodes: &[Node]) -> CloudResult<()> {
+    async fn backends_only(
+        &self,
+        cluster: &str,
+        name: &str,
+        nodes: &[Arc<Node>],
+    ) -> CloudResult<()> {
         if self.clb_dns(name).await?.is_some() {
             self.clb_update(cluster, name, None, nodes).await?;
         }
@@ -221,7 +230,7 @@ impl LoadBalancer for AwsCloud {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         let name = default_load_balancer_name(service);
         let nodes = &target_nodes(service, nodes);
@@ -251,7 +260,7 @@ impl LoadBalancer for AwsCloud {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         let nodes = &target_nodes(service, nodes);
         // A refused or invalid annotation never stops the backends following the nodes:

@@ -597,7 +597,9 @@ fn fargate_and_hybrid_nodes_stay_out_of_load_balancer_backends_without_failing_t
     );
     let hybrid = node("edge-1", Some("eks-hybrid:///us-east-1/prod/edge-1".into()));
     let ids = rt()
-        .block_on(cloud.node_instance_ids(&[with_pid(0), fargate, hybrid, with_pid(1)]))
+        .block_on(cloud.node_instance_ids(
+            &[with_pid(0), fargate, hybrid, with_pid(1)].map(std::sync::Arc::new),
+        ))
         .expect("one Fargate or hybrid Node never fails the others' backends");
     assert_eq!(ids.into_iter().collect::<Vec<_>>(), vec![id(0), id(1)]);
     assert_eq!(

@@ -5,6 +5,7 @@
 //! check port (`kubernetes.io/rule/nlb/health=<lb>`).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use aws_sdk_ec2::types::Filter;
 
@@ -966,7 +967,7 @@ impl AwsCloud {
         cluster: &str,
         name: &str,
         spec: &LbSpec,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<String> {
         let ids = self.node_instance_ids(nodes).await?;
         let vpc = self.vpc(&ids).await?;
@@ -1091,7 +1092,7 @@ impl AwsCloud {
         cluster: &str,
         name: &str,
         spec: Option<&LbSpec>,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         let known = self.nlb_targets(cluster, name).await?;
         let ids = self.node_instance_ids(nodes).await?;

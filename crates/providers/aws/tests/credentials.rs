@@ -145,7 +145,7 @@ async fn make_calls(provider: &Arc<dyn CloudProvider>) -> anyhow::Result<()> {
     );
     let lb = provider.load_balancer().expect("load balancer");
     let ensured = lb
-        .ensure_load_balancer("ccmtest", &service(), &[gone])
+        .ensure_load_balancer("ccmtest", &service(), &[gone.into()])
         .await;
     println!("{OUTCOME} ensure_load_balancer {ensured:?}");
     if let Err(e) = &ensured {

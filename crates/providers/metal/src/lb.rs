@@ -341,7 +341,7 @@ impl LoadBalancer for MetalCloud {
         &self,
         _cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[std::sync::Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         let req = request_from(service).map_err(to_cloud)?;
         let lb = &self.inner.lb;
@@ -390,7 +390,7 @@ impl LoadBalancer for MetalCloud {
         &self,
         _cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[std::sync::Arc<Node>],
     ) -> CloudResult<()> {
         self.update_vip_nodes(service, nodes).await
     }

@@ -18,6 +18,7 @@
 //! listeners and pools are.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -310,7 +311,12 @@ impl OctaviaLb {
 
     /// What a Service whose annotations are refused still gets: the members of its existing LB
     /// follow `nodes`; nothing else is written. No LB: nothing to do (creating one is refused).
-    async fn backends_only(&self, cluster: &str, svc: &Service, nodes: &[Node]) -> CloudResult<()> {
+    async fn backends_only(
+        &self,
+        cluster: &str,
+        svc: &Service,
+        nodes: &[Arc<Node>],
+    ) -> CloudResult<()> {
         let opts = self.cleanup_options(svc)?;
         let name = lb_name(cluster, svc);
         let Some(lb) = self.find(&name, &opts).await? else {
@@ -332,7 +338,7 @@ impl OctaviaLb {
         svc: &Service,
         lb: &Lb,
         opts: &ServiceLb,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         if !self.config.manage_security_groups {
             return self.no_security_group(svc).await;
@@ -357,7 +363,7 @@ impl OctaviaLb {
         name: &str,
         svc: &Service,
         opts: &ServiceLb,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
         need_pools: bool,
     ) -> CloudResult<()> {
         let ports = svc
@@ -436,7 +442,7 @@ fn protocol(port: &ServicePort) -> CloudResult<&'static str> {
 fn members(
     opts: &ServiceLb,
     port: &ServicePort,
-    nodes: &[Node],
+    nodes: &[Arc<Node>],
     subnet: Option<&str>,
     hc: HealthCheck,
 ) -> Vec<Value> {
@@ -505,7 +511,7 @@ fn wants(
     opts: &ServiceLb,
     name: &str,
     svc: &Service,
-    nodes: &[Node],
+    nodes: &[Arc<Node>],
     subnet: Option<&str>,
     hc: HealthCheck,
 ) -> CloudResult<Vec<Want>> {
@@ -1263,7 +1269,7 @@ impl LoadBalancer for OctaviaLb {
         &self,
         cluster: &str,
         svc: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         let opts = match self.options(svc) {
             Ok(o) => o,
@@ -1326,7 +1332,7 @@ impl LoadBalancer for OctaviaLb {
         &self,
         cluster: &str,
         svc: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         let opts = match self.options(svc) {
             Ok(o) => o,
@@ -1484,7 +1490,7 @@ mod tests {
             }]),
             ..Default::default()
         });
-        let nodes = [node];
+        let nodes = [Arc::new(node)];
         let kinds = |hc: HealthCheck| {
             let w = wants(&opts, "lb", &svc, &nodes, None, hc).expect("wants");
             w.iter()

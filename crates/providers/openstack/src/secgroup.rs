@@ -15,6 +15,7 @@
 //! `security_groups` filter (every port that has it, tagged or not).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use ccm_cloud::{CloudError, CloudResult, Node, Service};
 use http::Method;
@@ -426,7 +427,7 @@ impl OctaviaLb {
         cluster: &str,
         svc: &Service,
         member_subnet: &str,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         let name = sg_name(svc);
         let sg = match self.find_group(&name).await? {

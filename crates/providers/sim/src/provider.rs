@@ -211,7 +211,7 @@ fn ports_of(service: &Service) -> CloudResult<Vec<SimPort>> {
     Ok(ports)
 }
 
-fn hosts_of(nodes: &[Node]) -> Vec<String> {
+fn hosts_of(nodes: &[Arc<Node>]) -> Vec<String> {
     let mut hosts: Vec<String> = nodes.iter().map(|n| node_name(n).to_string()).collect();
     hosts.sort();
     hosts.dedup();
@@ -346,7 +346,7 @@ impl LoadBalancer for SimCloud {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         self.ensure_load_balancer_hosts(cluster, service, hosts_of(nodes))
             .await
@@ -356,7 +356,7 @@ impl LoadBalancer for SimCloud {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         self.update_load_balancer_hosts(cluster, service, hosts_of(nodes))
             .await

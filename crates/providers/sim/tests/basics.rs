@@ -157,7 +157,11 @@ async fn load_balancer_lifecycle() {
 
     assert_eq!(lb.get_load_balancer("c", &svc).await, Ok(None));
     let st = lb
-        .ensure_load_balancer("c", &svc, &[node("b", None), node("a", None)])
+        .ensure_load_balancer(
+            "c",
+            &svc,
+            &[node("b", None), node("a", None)].map(std::sync::Arc::new),
+        )
         .await
         .expect("ensure");
     let ip = st.ingress.expect("ingress")[0].ip.clone().expect("ip");
@@ -176,7 +180,7 @@ async fn load_balancer_lifecycle() {
         Err(CloudError::Permanent(m)) if m.contains("AddressLimitExceeded")
     ));
 
-    lb.update_load_balancer("c", &svc, &[node("z", None)])
+    lb.update_load_balancer("c", &svc, &[node("z", None)].map(std::sync::Arc::new))
         .await
         .expect("update");
     let lbs = sim.load_balancers();

@@ -57,7 +57,8 @@ async fn metering_matches_the_clouds_own_accounting() {
         let _ = lb.get_load_balancer("c", &svc).await;
         made += 1;
     }
-    let _ = lb.ensure_load_balancer("c", &svc, &nodes).await;
+    let shared: Vec<_> = nodes.iter().cloned().map(std::sync::Arc::new).collect();
+    let _ = lb.ensure_load_balancer("c", &svc, &shared).await;
     let _ = lb.ensure_load_balancer_deleted("c", &svc).await;
     made += 2;
     let route = Route {

@@ -136,8 +136,11 @@ fn svc(i: usize) -> ccm_cloud::Service {
     )
 }
 
-fn host_nodes(hosts: &[usize]) -> (Vec<ccm_cloud::Node>, Vec<String>) {
-    let nodes: Vec<_> = hosts.iter().map(|h| node(NODES[*h], None)).collect();
+fn host_nodes(hosts: &[usize]) -> (Vec<std::sync::Arc<ccm_cloud::Node>>, Vec<String>) {
+    let nodes: Vec<_> = hosts
+        .iter()
+        .map(|h| std::sync::Arc::new(node(NODES[*h], None)))
+        .collect();
     let mut names: Vec<String> = hosts.iter().map(|h| NODES[*h].to_string()).collect();
     names.sort();
     names.dedup();

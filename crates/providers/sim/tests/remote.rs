@@ -42,7 +42,11 @@ async fn remote_client_shares_the_cloud_and_is_named_in_the_log() {
     let svc = service("ns", "web", "u-1", &[("TCP", 80, 30080)]);
     assert_eq!(lb.get_load_balancer("c", &svc).await, Ok(None));
     let status = lb
-        .ensure_load_balancer("c", &svc, &[node("n1", None), node("n2", None)])
+        .ensure_load_balancer(
+            "c",
+            &svc,
+            &[node("n1", None), node("n2", None)].map(std::sync::Arc::new),
+        )
         .await
         .expect("ensure");
     let ip = status.ingress.expect("ingress")[0].ip.clone().expect("ip");
@@ -52,7 +56,7 @@ async fn remote_client_shares_the_cloud_and_is_named_in_the_log() {
     lb.update_load_balancer(
         "c",
         &svc,
-        &[node("n3", None), node("n1", None), node("n3", None)],
+        &[node("n3", None), node("n1", None), node("n3", None)].map(std::sync::Arc::new),
     )
     .await
     .expect("update");

@@ -517,7 +517,12 @@ impl crate::provider::MetalCloud {
                 return InitialVips::default();
             }
         };
-        let nodes: Vec<ccm_cloud::Node> = nodes.items.into_iter().filter(in_lb_set).collect();
+        let nodes: Vec<Arc<ccm_cloud::Node>> = nodes
+            .items
+            .into_iter()
+            .filter(in_lb_set)
+            .map(Arc::new)
+            .collect();
         let services = services
             .items
             .iter()
@@ -541,7 +546,7 @@ impl crate::provider::MetalCloud {
         &self,
         service: &ccm_cloud::Service,
         ips: &[IpAddr],
-        nodes: &[ccm_cloud::Node],
+        nodes: &[Arc<ccm_cloud::Node>],
     ) -> VipService {
         let local = service
             .spec
@@ -565,7 +570,7 @@ impl crate::provider::MetalCloud {
         &self,
         service: &ccm_cloud::Service,
         ips: &[IpAddr],
-        nodes: &[ccm_cloud::Node],
+        nodes: &[Arc<ccm_cloud::Node>],
     ) -> CloudResult<()> {
         let Some(bgp) = self.vip_speaker() else {
             return Ok(());
@@ -578,7 +583,7 @@ impl crate::provider::MetalCloud {
     pub(crate) async fn update_vip_nodes(
         &self,
         service: &ccm_cloud::Service,
-        nodes: &[ccm_cloud::Node],
+        nodes: &[Arc<ccm_cloud::Node>],
     ) -> CloudResult<()> {
         let Some(bgp) = self.vip_speaker() else {
             return Ok(());

@@ -3,6 +3,7 @@
 //! no-op compute/amphora drivers, VIP ports and floating IPs in the real Neutron; checked with the
 //! real `openstack` client (python-octaviaclient).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ccm_cloud::k8s_openapi::api::core::v1::{NodeAddress, NodeStatus, ServicePort, ServiceSpec};
@@ -15,8 +16,8 @@ use super::{Stack, delta, total};
 /// The cluster name of the scenario.
 pub const CLUSTER: &str = "kubernetes";
 
-/// A Node with one InternalIP.
-pub fn node(name: &str, ip: &str) -> Node {
+/// A Node with one InternalIP, shared as the service controller hands Nodes to providers.
+pub fn node(name: &str, ip: &str) -> Arc<Node> {
     let mut n = Node::default();
     n.metadata.name = Some(name.into());
     n.status = Some(NodeStatus {
@@ -26,7 +27,7 @@ pub fn node(name: &str, ip: &str) -> Node {
         }]),
         ..Default::default()
     });
-    n
+    Arc::new(n)
 }
 
 /// A LoadBalancer Service: (protocol, port, nodePort) per port, source ranges.
@@ -384,7 +385,7 @@ async fn local_traffic_policy(
     cloud: &OpenStackCloud,
     name: &str,
     svc: &Service,
-    nodes: &[Node],
+    nodes: &[Arc<Node>],
 ) {
     let mut local = svc.clone();
     let spec = local.spec.as_mut().expect("spec");
@@ -446,7 +447,7 @@ async fn adopt_upstream_layout(
     subnet: &str,
     lbs: &dyn LoadBalancer,
     cloud: &OpenStackCloud,
-    nodes: &[Node],
+    nodes: &[Arc<Node>],
 ) {
     let name = "kube_service_kubernetes_default_legacy";
     let id = stack.openstack(&[
@@ -576,7 +577,7 @@ pub async fn security_group_scenario(stack: &Stack) {
             &format!("sg-port-{dev}"),
         ]);
         let mut n = node(&format!("sg-node-{dev}"), &format!("10.2.0.1{i}"));
-        n.spec = Some(ccm_cloud::k8s_openapi::api::core::v1::NodeSpec {
+        Arc::make_mut(&mut n).spec = Some(ccm_cloud::k8s_openapi::api::core::v1::NodeSpec {
             provider_id: Some(format!("openstack:///{device}")),
             ..Default::default()
         });
@@ -740,7 +741,7 @@ pub async fn security_group_scenario(stack: &Stack) {
 /// HTTP listener adding the header (and back to TCP when the annotation goes), the hostname as
 /// the ingress, the floating IP from the subnet the pattern names — and none when no subnet
 /// matches.
-async fn honoured_annotations(stack: &Stack, lbs: &dyn LoadBalancer, nodes: &[Node]) {
+async fn honoured_annotations(stack: &Stack, lbs: &dyn LoadBalancer, nodes: &[Arc<Node>]) {
     let with = |anns: &[(&str, &str)]| {
         let mut s = service("xff", &[("TCP", 8080, 30180)], &[]);
         s.metadata.annotations = Some(
@@ -820,7 +821,7 @@ async fn honoured_annotations(stack: &Stack, lbs: &dyn LoadBalancer, nodes: &[No
 /// `[LoadBalancerClass "internet"]` with the floating network (none in `[LoadBalancer]`) and
 /// `enable-ingress-hostname`: a Service of that class with `proxy-protocol` gets a floating IP
 /// from the class's network and the ingress hostname `<floating IP>.nip.io`.
-async fn class_and_ingress_hostname(stack: &Stack, subnet: &str, nodes: &[Node]) {
+async fn class_and_ingress_hostname(stack: &Stack, subnet: &str, nodes: &[Arc<Node>]) {
     let public = stack.env("PUBLIC_NET_ID");
     let conf = format!(
         "[LoadBalancer]\nsubnet-id = {subnet}\nenable-ingress-hostname = true\n[LoadBalancerClass \"internet\"]\nfloating-network-id = {public}\n"

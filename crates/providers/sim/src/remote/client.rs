@@ -451,7 +451,7 @@ impl Instances for RemoteSim {
     ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
         self.batch::<WireMaybeMetadata, _>(
             CallRef::InstancesMetadata {
-                nodes: WireNodes(nodes),
+                nodes: WireNodes::Owned(nodes),
             },
             nodes.len(),
         )
@@ -461,7 +461,7 @@ impl Instances for RemoteSim {
     async fn instances_status(&self, nodes: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
         self.batch::<WireStatus, _>(
             CallRef::InstancesStatus {
-                nodes: WireNodes(nodes),
+                nodes: WireNodes::Owned(nodes),
             },
             nodes.len(),
         )
@@ -529,12 +529,12 @@ impl LoadBalancer for RemoteSim {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         self.call::<LoadBalancerStatus, _>(CallRef::EnsureLoadBalancer {
             cluster,
             service,
-            nodes: WireNodes(nodes),
+            nodes: WireNodes::Shared(nodes),
         })
         .await
     }
@@ -543,12 +543,12 @@ impl LoadBalancer for RemoteSim {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         self.call::<(), _>(CallRef::UpdateLoadBalancer {
             cluster,
             service,
-            nodes: WireNodes(nodes),
+            nodes: WireNodes::Shared(nodes),
         })
         .await
     }

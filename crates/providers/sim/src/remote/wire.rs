@@ -420,14 +420,26 @@ struct WireNodeRef<'a> {
 
 /// A node list serialized as `[WireNode, …]` straight from the caller's `Node`s.
 #[derive(Clone, Copy)]
-pub(crate) struct WireNodes<'a>(pub(crate) &'a [Node]);
+pub(crate) enum WireNodes<'a> {
+    /// The instances calls' batches.
+    Owned(&'a [Node]),
+    /// The load-balancer calls' shared lists.
+    Shared(&'a [std::sync::Arc<Node>]),
+}
+
+fn wire_node_ref(n: &Node) -> WireNodeRef<'_> {
+    WireNodeRef {
+        name: n.metadata.name.as_deref().unwrap_or_default(),
+        provider_id: n.spec.as_ref().and_then(|s| s.provider_id.as_deref()),
+    }
+}
 
 impl Serialize for WireNodes<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|n| WireNodeRef {
-            name: n.metadata.name.as_deref().unwrap_or_default(),
-            provider_id: n.spec.as_ref().and_then(|s| s.provider_id.as_deref()),
-        }))
+        match self {
+            WireNodes::Owned(nodes) => s.collect_seq(nodes.iter().map(wire_node_ref)),
+            WireNodes::Shared(nodes) => s.collect_seq(nodes.iter().map(|n| wire_node_ref(n))),
+        }
     }
 }
 
