@@ -1008,7 +1008,10 @@ impl Inner {
                 {
                     return true;
                 }
-                let names: Vec<String> = set.keys().cloned().collect();
+                let names: Vec<String> = nodes
+                    .iter()
+                    .map(|n| ccm_cloud::node_name(n).to_string())
+                    .collect();
                 self.event(
                     &svc,
                     EventType::Warning,
