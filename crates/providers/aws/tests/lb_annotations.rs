@@ -715,7 +715,12 @@ async fn nlb_health(world: &AwsWorld, lb: &str) -> anyhow::Result<Option<(String
 
 async fn nlb_health_becomes(world: &AwsWorld, lb: &str, want: &str) -> anyhow::Result<String> {
     wait_for(want, Duration::from_secs(60), || async {
-        let s = nlb_health(world, lb).await?;
+        // A target group replaced between the listener read and the describe is gone
+        // (TargetGroupNotFound): a state in between, polled again.
+        let s = match nlb_health(world, lb).await {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(format!("{e:#}"))),
+        };
         Ok(match s {
             Some((arn, s)) if s == want => Ok(arn),
             other => Err(format!("{other:?}")),
