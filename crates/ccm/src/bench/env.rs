@@ -195,6 +195,9 @@ impl Env {
             format!("--cluster-cidr={CLUSTER_CIDR}"),
             "--bind-address=127.0.0.1".to_string(),
             format!("--secure-port={port}"),
+            // SO_REUSEADDR: a CCM restarted after a SIGKILL binds the same port while the
+            // killed one's closed connections sit in TIME_WAIT (EADDRINUSE without it).
+            "--permit-address-sharing=true".to_string(),
             format!("--cert-dir={}", cert_dir.display()),
             "-v=1".to_string(),
         ];
