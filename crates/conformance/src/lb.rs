@@ -188,6 +188,11 @@ async fn ensure(
     }
 }
 
+/// The suite's Nodes as the service controller hands them to a provider.
+fn shared_nodes(ctx: &Ctx) -> Vec<Arc<Node>> {
+    ctx.nodes.lock().iter().cloned().map(Arc::new).collect()
+}
+
 fn hosts(nodes: &[Arc<Node>]) -> Vec<String> {
     let mut h: Vec<String> = nodes.iter().map(|n| node_name(n).to_string()).collect();
     h.sort();
@@ -195,7 +200,7 @@ fn hosts(nodes: &[Arc<Node>]) -> Vec<String> {
 }
 
 async fn lifecycle(ctx: &Ctx, lb: &Arc<dyn LoadBalancer>) {
-    let nodes: Vec<Arc<Node>> = ctx.nodes.lock().iter().cloned().map(Arc::new).collect();
+    let nodes = shared_nodes(ctx);
     let svc = service("conformance-lb", 80, 30080);
     let pre = match ctx.need_destructive() {
         Err(v) => Err(v),
@@ -424,7 +429,7 @@ async fn delete_twice(ctx: &Ctx, lb: &dyn LoadBalancer, svc: &Service) -> Check 
 
 async fn cancelled_ensure(ctx: &Ctx, lb: &Arc<dyn LoadBalancer>) -> Check {
     ctx.need_destructive()?;
-    let nodes: Vec<Arc<Node>> = ctx.nodes.lock().iter().cloned().map(Arc::new).collect();
+    let nodes = shared_nodes(ctx);
     if nodes.is_empty() {
         return Err(Verdict::NotRun("no instance to use as a backend".into()));
     }

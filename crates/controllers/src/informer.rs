@@ -331,18 +331,12 @@ pub fn trim_service(svc: &mut k8s_openapi::api::core::v1::Service) {
     if let Some(annotations) = svc.metadata.annotations.as_mut() {
         annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
+    use crate::service::planner::{current_status, has_finalizer};
     let type_ = svc.spec.as_ref().and_then(|s| s.type_.clone());
-    let ours = svc.metadata.finalizers.as_ref().is_some_and(|f| {
-        f.iter()
-            .any(|f| f == crate::service::planner::LOAD_BALANCER_CLEANUP_FINALIZER)
-    });
-    let has_ingress = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
+    let has_ingress = current_status(svc)
         .and_then(|l| l.ingress.as_ref())
         .is_some_and(|i| !i.is_empty());
-    if type_.as_deref() == Some("LoadBalancer") || ours || has_ingress {
+    if type_.as_deref() == Some("LoadBalancer") || has_finalizer(svc) || has_ingress {
         return;
     }
     let meta = &mut svc.metadata;
