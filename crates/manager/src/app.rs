@@ -57,7 +57,9 @@ pub const ONE_MALLOC_ARENA: &str = "glibc.malloc.arena_max=1";
 /// lands in whichever arena its worker thread holds, and each arena keeps the free memory it
 /// once held: RSS rose 6 MB in 5 idle minutes with 15 address refreshes while the live heap
 /// stayed at 12.4 MB (heaptrack). With one arena it stayed flat (+0.1 MB), and the 1,000-node
-/// burst peaked no higher (docs/BENCHMARKS.md, issue 17). glibc takes the setting only from
+/// burst peaked no higher (docs/BENCHMARKS.md). A binary with its own global allocator
+/// (`ccm-controller-manager` uses jemalloc) keeps glibc's malloc for what C code allocates, and
+/// this then bounds only that. glibc takes the setting only from
 /// the environment at start-up, hence the re-exec; an operator's own `GLIBC_TUNABLES` is left
 /// as it is (add `glibc.malloc.arena_max=1` to it to keep this). Does nothing on other libcs.
 pub fn use_one_malloc_arena() {
