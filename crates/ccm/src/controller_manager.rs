@@ -15,7 +15,8 @@ mod providers;
 /// jemalloc instead of glibc's malloc: a third of the CCM's CPU in a node burst was glibc's
 /// malloc and free, and its heap fragments as the caches grow. With jemalloc the burst costs
 /// 15–20 % less CPU and a 10,000-node cache 10 % less memory (docs/BENCHMARKS.md, "Memory");
-/// its settings (one arena; freed pages returned after a second) are built in from
+/// its settings (one arena; freed pages returned after a second by jemalloc's background
+/// thread, so an idle CCM gives back what its last refresh freed) are built in from
 /// .cargo/config.toml, and `_RJEM_MALLOC_CONF` overrides them at run time.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
