@@ -326,12 +326,12 @@ pub fn trim_node(node: &mut k8s_openapi::api::core::v1::Node) {
 /// were half of the cache at 50,000 Services. Nothing reads the dropped parts: such a Service
 /// is never synced, and when it becomes a LoadBalancer the update carries the whole object.
 pub fn trim_service(svc: &mut k8s_openapi::api::core::v1::Service) {
+    use crate::service::planner::{current_status, has_finalizer};
     use k8s_openapi::api::core::v1::ServiceSpec;
     svc.metadata.managed_fields = None;
     if let Some(annotations) = svc.metadata.annotations.as_mut() {
         annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
-    use crate::service::planner::{current_status, has_finalizer};
     let type_ = svc.spec.as_ref().and_then(|s| s.type_.clone());
     let has_ingress = current_status(svc)
         .and_then(|l| l.ingress.as_ref())
