@@ -34,6 +34,11 @@ impl Cost {
         }
     }
 
+    /// True when it costs nothing at any size.
+    pub fn is_zero(&self) -> bool {
+        self.base.is_zero() && self.per_kib.is_zero()
+    }
+
     /// The cost for `bytes` of object.
     pub fn of(&self, bytes: usize) -> Duration {
         self.base + self.per_kib.mul_f64(bytes as f64 / 1024.0)
@@ -52,6 +57,10 @@ pub struct CostModel {
     /// CPU burned for a write (create/update/patch/delete), including fanning the change out
     /// to watchers.
     pub write: Cost,
+    /// CPU the watch cache spends on each event before any watcher may send it (per KiB of
+    /// the serialized event), serially per kind: how far watchers trail a busy server
+    /// (`crate::watch_cache`).
+    pub dispatch: Cost,
     /// Time a write waits for its commit (etcd Raft + fsync), not CPU.
     pub commit: Cost,
     /// Time a Service create waits for its ClusterIP and NodePort allocations (each its own
@@ -87,6 +96,7 @@ impl CostModel {
             list: Cost::micros(300, 60),
             watch: Cost::micros(300, 0),
             write: Cost::micros(550, 70),
+            dispatch: Cost::default(),
             commit: Cost::micros(10_000, 500),
             allocate: Cost::default(),
         }
@@ -104,19 +114,20 @@ impl CostModel {
             list: scale(self.list),
             watch: scale(self.watch),
             write: scale(self.write),
+            dispatch: scale(self.dispatch),
             commit: self.commit,
             allocate: self.allocate,
         }
     }
 
     /// Sets one knob from `KNOB=BASE_US+PER_KIB_US` (e.g. `write=1800+200`), `KNOB` one of
-    /// `get`, `list`, `watch`, `write`, `commit`, `allocate`: to fit the model to another server, or to ask
+    /// `get`, `list`, `watch`, `write`, `dispatch`, `commit`, `allocate`: to fit the model to another server, or to ask
     /// how a figure moves with one cost.
     pub fn set_knob(&mut self, spec: &str) -> Result<(), String> {
         let usage = || {
             format!(
                 "{spec:?}: expected KNOB=BASE_US+PER_KIB_US with KNOB one of get, list, watch, \
-                 write, commit, allocate (e.g. write=1800+200)"
+                 write, dispatch, commit, allocate (e.g. write=1800+200)"
             )
         };
         let (knob, value) = spec.split_once('=').ok_or_else(usage)?;
@@ -130,6 +141,7 @@ impl CostModel {
             "list" => self.list = cost,
             "watch" => self.watch = cost,
             "write" => self.write = cost,
+            "dispatch" => self.dispatch = cost,
             "commit" => self.commit = cost,
             "allocate" => self.allocate = cost,
             _ => return Err(usage()),
@@ -167,6 +179,12 @@ impl CostModel {
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
+    }
+
+    /// Burns one watch event's dispatch CPU on a blocking thread.
+    pub(crate) async fn charge_dispatch(&self, bytes: usize) {
+        let cpu = self.dispatch.of(bytes);
+        let _ = tokio::task::spawn_blocking(move || burn(cpu)).await;
     }
 
     /// Charges one request: burns its CPU on a blocking thread (real cores, real contention),

@@ -24,6 +24,7 @@ mod status;
 mod store;
 mod table;
 mod tls;
+mod watch_cache;
 mod workloads;
 
 use std::collections::HashMap;
@@ -239,7 +240,11 @@ impl KubeSim {
             server_address: RwLock::new(addr.to_string()),
             connections: Default::default(),
             cost: RwLock::new(Arc::new(cfg.cost.clone())),
+            dispatch: Default::default(),
         });
+        if !cfg.cost.dispatch.is_zero() {
+            watch_cache::Dispatch::start(&shared);
+        }
         let acceptor = match &tls {
             Some(t) => Some(t.acceptor()?),
             None => None,
@@ -428,7 +433,11 @@ impl KubeSim {
 
     /// Changes what each request costs from now on (see [`cost::CostModel`]).
     pub fn set_cost_model(&self, model: cost::CostModel) {
+        let dispatch = !model.dispatch.is_zero();
         *self.shared.cost.write() = Arc::new(model);
+        if dispatch {
+            watch_cache::Dispatch::start(&self.shared);
+        }
     }
 
     /// Zeroes all request counters.

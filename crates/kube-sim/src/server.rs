@@ -47,6 +47,8 @@ pub(crate) struct Shared {
     pub cost: RwLock<Arc<crate::cost::CostModel>>,
     /// Connections open now (counted once their TLS handshake succeeded, when serving TLS).
     pub connections: std::sync::atomic::AtomicU64,
+    /// The watch cache's per-kind cursors, when the cost model charges dispatch.
+    pub dispatch: crate::watch_cache::Dispatch,
 }
 
 /// Query parameters, percent-decoded.
@@ -1218,6 +1220,7 @@ async fn run_watch(
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let desc = &RESOURCES[filter.res];
+    let mut cursor = shared.dispatch.cursor(filter.res);
     loop {
         tokio::select! {
             _ = &mut deadline => break,
@@ -1233,40 +1236,18 @@ async fn run_watch(
                 }
             }
             r = rx.recv() => {
-                let ev = match r {
+                let first = match r {
                     Ok(_) if shared.faults.read().drop_watch_event() => break,
                     Ok(ev) => ev,
                     // A watcher that fell behind is dropped, as kube-apiserver drops slow
                     // watchers; the client re-watches from its last resourceVersion.
                     Err(_) => break,
                 };
-                let mut chunk: Option<Vec<u8>> = None;
-                let mut single: Option<Bytes> = None;
-                let mut push = |b: Bytes| {
-                    match (&mut chunk, single.take()) {
-                        (Some(c), _) => c.extend_from_slice(&b),
-                        (None, Some(prev)) => {
-                            let mut c = Vec::with_capacity(prev.len() + b.len());
-                            c.extend_from_slice(&prev);
-                            c.extend_from_slice(&b);
-                            chunk = Some(c);
-                        }
-                        (None, None) => single = Some(b),
-                    }
-                };
-                last_rv = last_rv.max(ev.rv);
-                if let Some(b) = filter.convert(&ev) {
-                    push(b);
-                }
+                let mut batch = vec![first];
                 let mut lagged = false;
-                for _ in 0..256 {
+                while batch.len() <= 256 {
                     match rx.try_recv() {
-                        Ok(ev) => {
-                            last_rv = last_rv.max(ev.rv);
-                            if let Some(b) = filter.convert(&ev) {
-                                push(b);
-                            }
-                        }
+                        Ok(ev) => batch.push(ev),
                         Err(broadcast::error::TryRecvError::Empty) => break,
                         Err(_) => {
                             lagged = true;
@@ -1274,17 +1255,91 @@ async fn run_watch(
                         }
                     }
                 }
-                let out = chunk.map(Bytes::from).or(single);
-                if let Some(b) = out
-                    && tx.send(Ok(b)).await.is_err()
-                {
-                    break;
-                }
-                if lagged {
+                let mut out = Outbox { tx: &tx, disconnect: &mut disconnect, chunk: Chunk::default() };
+                if !out.send(&filter, cursor.as_mut(), batch, &mut last_rv).await || lagged {
                     break;
                 }
             }
         }
+    }
+}
+
+/// Watch lines on their way to one watcher, sent in as few chunks as the watch cache allows.
+struct Outbox<'a> {
+    tx: &'a mpsc::Sender<Result<Bytes, Infallible>>,
+    disconnect: &'a mut tokio::sync::watch::Receiver<u64>,
+    chunk: Chunk,
+}
+
+impl Outbox<'_> {
+    /// Sends `batch` as this watcher sees it; an event the watch cache has not dispatched yet
+    /// is waited for (what went before it is sent first). False when the watch is over.
+    async fn send(
+        &mut self,
+        filter: &Filter,
+        mut cursor: Option<&mut tokio::sync::watch::Receiver<u64>>,
+        batch: Vec<Arc<WatchEvent>>,
+        last_rv: &mut u64,
+    ) -> bool {
+        for ev in batch {
+            if let Some(c) = cursor.as_deref_mut()
+                && *c.borrow() < ev.rv
+                && !(self.flush().await && self.dispatched(c, ev.rv).await)
+            {
+                return false;
+            }
+            *last_rv = (*last_rv).max(ev.rv);
+            if let Some(b) = filter.convert(&ev) {
+                self.chunk.push(b);
+            }
+        }
+        self.flush().await
+    }
+
+    async fn flush(&mut self) -> bool {
+        match self.chunk.take() {
+            Some(b) => self.tx.send(Ok(b)).await.is_ok(),
+            None => true,
+        }
+    }
+
+    /// Waits until the kind's cursor reaches `rv`; false if the watch ends first.
+    async fn dispatched(
+        &mut self,
+        cursor: &mut tokio::sync::watch::Receiver<u64>,
+        rv: u64,
+    ) -> bool {
+        tokio::select! {
+            r = cursor.wait_for(|d| *d >= rv) => r.is_ok(),
+            _ = self.disconnect.changed() => false,
+            _ = self.tx.closed() => false,
+        }
+    }
+}
+
+/// Watch lines joined into one chunk; one line alone is sent as it is, without a copy.
+#[derive(Default)]
+struct Chunk {
+    single: Option<Bytes>,
+    joined: Option<Vec<u8>>,
+}
+
+impl Chunk {
+    fn push(&mut self, b: Bytes) {
+        match (&mut self.joined, self.single.take()) {
+            (Some(c), _) => c.extend_from_slice(&b),
+            (None, Some(prev)) => {
+                let mut c = Vec::with_capacity(prev.len() + b.len());
+                c.extend_from_slice(&prev);
+                c.extend_from_slice(&b);
+                self.joined = Some(c);
+            }
+            (None, None) => self.single = Some(b),
+        }
+    }
+
+    fn take(&mut self) -> Option<Bytes> {
+        self.joined.take().map(Bytes::from).or(self.single.take())
     }
 }
 

@@ -773,6 +773,13 @@ impl Store {
         Ok((start, rx, g.rv))
     }
 
+    /// A receiver of the kind's later events and the resourceVersion it starts after, taken
+    /// atomically with respect to writes (the watch cache's own subscription).
+    pub fn subscribe(&self, res: usize) -> (broadcast::Receiver<Arc<WatchEvent>>, u64) {
+        let g = self.inner.lock();
+        (self.senders[res].subscribe(), g.rv)
+    }
+
     /// The resourceVersion a bookmark may carry: the global RV if the watcher has drained its
     /// channel (checked under the write lock, so no event can hide behind it), else `last`.
     pub fn bookmark_rv(&self, rx: &broadcast::Receiver<Arc<WatchEvent>>, last: u64) -> u64 {

@@ -47,6 +47,7 @@ const REAL: &[(&str, f64, bool)] = &[
     ("(a) first create → last routed, s", 4.33, false),
     ("(a) CCM CPU, s", 0.68, true),
     ("(a) CCM peak RSS, MB", 34.0, true),
+    ("(c) the Service creates took, s", 0.9, false),
     ("(c) ingress p50, s", 0.06, true),
     ("(c) ingress p99, s", 0.12, true),
     ("(c) CCM peak RSS, MB", 48.0, false),
@@ -197,6 +198,7 @@ async fn services(
     r: &mut ScenarioResult,
 ) -> anyhow::Result<bool> {
     let tracker = Tracker::services(env.cluster.user_client());
+    let t0 = Instant::now();
     let results: Vec<anyhow::Result<(String, Instant)>> = futures::stream::iter(0..opts.services)
         .map(|i| async move {
             let name = format!("lb-{i}");
@@ -210,6 +212,7 @@ async fn services(
     let created = results
         .into_iter()
         .collect::<anyhow::Result<HashMap<_, _>>>()?;
+    m.set("(c) the Service creates took, s", secs(t0, Instant::now()));
     let want = created.len();
     let ok = env
         .until(opts.timeout.0, || async { Ok(tracker.count() >= want) })

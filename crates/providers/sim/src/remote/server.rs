@@ -82,6 +82,10 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> io::Result<()> {
     let app = router(sim, shutdown.clone());
+    // Nagle off, as on the client: an answer's HEADERS and DATA frames are two small writes.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await

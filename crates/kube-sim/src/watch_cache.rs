@@ -1,0 +1,83 @@
+//! The watch cache's dispatch: when watchers hear of a committed write.
+//!
+//! kube-apiserver does not hand a write to its watchers itself. Each resource has one cacher:
+//! one goroutine reads the resource's etcd watch, decodes each event and updates the watch
+//! cache, one more dispatches it to every watcher, in order, one event at a time. That serial
+//! work runs on the same cores as every request, so while a burst keeps the server busy the
+//! cacher falls behind and every watcher — the CCM's informers among them — hears of each
+//! change late, by an amount that grows with the load, not with the watcher's own speed.
+//! kube-sim otherwise sends an event to its watchers the moment it is stored.
+//!
+//! With a non-zero [`CostModel::dispatch`](crate::cost::CostModel::dispatch), a [`Dispatch`]
+//! keeps one cacher per kind: a task that takes the kind's events in order and burns their
+//! dispatch CPU on a blocking thread (real CPU, competing for the cores), then advances the
+//! kind's *cursor*. A watcher sends a live event only once the cursor has reached it.
+
+use std::sync::{Arc, OnceLock, Weak};
+
+use tokio::sync::{broadcast, watch};
+
+use crate::resources::RESOURCES;
+use crate::server::Shared;
+
+/// One cursor per kind, started the first time a cost model with dispatch CPU is set.
+#[derive(Default)]
+pub(crate) struct Dispatch {
+    cursors: OnceLock<Vec<watch::Receiver<u64>>>,
+}
+
+impl Dispatch {
+    /// Starts the cachers (once; later calls do nothing). They read the cost model at each
+    /// event, so a model set later takes effect at once, and a free one makes them pass events
+    /// through. They hold the server weakly and end with its store.
+    pub(crate) fn start(shared: &Arc<Shared>) {
+        shared.dispatch.cursors.get_or_init(|| {
+            (0..RESOURCES.len())
+                .map(|res| {
+                    let (rx, rv) = shared.store.subscribe(res);
+                    let (tx, cursor) = watch::channel(rv);
+                    tokio::spawn(run_cacher(Arc::downgrade(shared), rx, tx));
+                    cursor
+                })
+                .collect()
+        });
+    }
+
+    /// The kind's cursor, if the cachers run: the resourceVersion up to which its events have
+    /// been dispatched.
+    pub(crate) fn cursor(&self, res: usize) -> Option<watch::Receiver<u64>> {
+        self.cursors.get().and_then(|c| c.get(res)).cloned()
+    }
+}
+
+/// One kind's cacher: each event's dispatch CPU, in order, then the cursor moves past it.
+async fn run_cacher(
+    shared: Weak<Shared>,
+    mut rx: broadcast::Receiver<Arc<crate::store::WatchEvent>>,
+    cursor: watch::Sender<u64>,
+) {
+    loop {
+        let rv = match rx.recv().await {
+            Ok(ev) => {
+                let Some(s) = shared.upgrade() else { return };
+                let cost = s.cost.read().clone();
+                drop(s);
+                if !cost.dispatch.is_zero() {
+                    // The serialized line is what the watchers send: computing it is the
+                    // cacher's encoding, and they share it.
+                    let bytes = ev.line().len();
+                    cost.charge_dispatch(bytes).await;
+                }
+                ev.rv
+            }
+            // Fell behind its own channel: the skipped events count as dispatched, so no
+            // watcher waits for an event the cacher will never see.
+            Err(broadcast::error::RecvError::Lagged(_)) => match shared.upgrade() {
+                Some(s) => s.store.rv(),
+                None => return,
+            },
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        cursor.send_replace(rv);
+    }
+}
