@@ -181,21 +181,23 @@ impl CostModel {
         }
     }
 
+    /// Burns one watch event's dispatch CPU on a blocking thread.
+    pub(crate) async fn charge_dispatch(&self, bytes: usize) {
+        let cpu = self.dispatch.of(bytes);
+        let _ = tokio::task::spawn_blocking(move || burn(cpu)).await;
+    }
+
     /// Charges one request: burns its CPU on a blocking thread (real cores, real contention),
     /// then waits its commit latency.
     pub(crate) async fn charge(&self, verb: Verb, bytes: usize) {
-        burn_on_blocking_thread(self.cpu(verb, bytes)).await;
+        let cpu = self.cpu(verb, bytes);
+        if !cpu.is_zero() {
+            let _ = tokio::task::spawn_blocking(move || burn(cpu)).await;
+        }
         let commit = self.commit(verb, bytes);
         if !commit.is_zero() {
             tokio::time::sleep(commit).await;
         }
-    }
-}
-
-/// Burns `cpu` on a blocking thread (real cores, real contention).
-pub(crate) async fn burn_on_blocking_thread(cpu: Duration) {
-    if !cpu.is_zero() {
-        let _ = tokio::task::spawn_blocking(move || burn(cpu)).await;
     }
 }
 

@@ -19,7 +19,6 @@ use tokio::sync::{broadcast, watch};
 
 use crate::resources::RESOURCES;
 use crate::server::Shared;
-use crate::store::WatchEvent;
 
 /// One cursor per kind, started the first time a cost model with dispatch CPU is set.
 #[derive(Default)]
@@ -51,61 +50,34 @@ impl Dispatch {
     }
 }
 
-/// At most this many events share one burn: the cacher's CPU is spent in a few handoffs to a
-/// blocking thread rather than one per event (each handoff waits for a core on a busy machine,
-/// which a goroutine handing an event to the next does not), while no event waits behind more
-/// than a batch of others' CPU.
-const BATCH: usize = 32;
-
-/// One kind's cacher: the events' dispatch CPU, in order, then the cursor moves past them.
+/// One kind's cacher: each event's dispatch CPU, in order, then the cursor moves past it.
 async fn run_cacher(
     shared: Weak<Shared>,
-    mut rx: broadcast::Receiver<Arc<WatchEvent>>,
+    mut rx: broadcast::Receiver<Arc<crate::store::WatchEvent>>,
     cursor: watch::Sender<u64>,
 ) {
     loop {
-        let first = match rx.recv().await {
-            Ok(ev) => ev,
-            Err(e) => match skipped(&shared, e) {
-                Some(rv) => {
-                    cursor.send_replace(rv);
-                    continue;
+        let rv = match rx.recv().await {
+            Ok(ev) => {
+                let Some(s) = shared.upgrade() else { return };
+                let cost = s.cost.read().clone();
+                drop(s);
+                if !cost.dispatch.is_zero() {
+                    // The serialized line is what the watchers send: computing it is the
+                    // cacher's encoding, and they share it.
+                    let bytes = ev.line().len();
+                    cost.charge_dispatch(bytes).await;
                 }
+                ev.rv
+            }
+            // Fell behind its own channel: the skipped events count as dispatched, so no
+            // watcher waits for an event the cacher will never see.
+            Err(broadcast::error::RecvError::Lagged(_)) => match shared.upgrade() {
+                Some(s) => s.store.rv(),
                 None => return,
             },
+            Err(broadcast::error::RecvError::Closed) => return,
         };
-        let mut batch = vec![first];
-        while batch.len() < BATCH {
-            match rx.try_recv() {
-                Ok(ev) => batch.push(ev),
-                // Empty, or behind: the next `recv` says which.
-                Err(_) => break,
-            }
-        }
-        let Some(s) = shared.upgrade() else { return };
-        let cost = s.cost.read().clone();
-        drop(s);
-        if !cost.dispatch.is_zero() {
-            // The serialized line is what the watchers send: computing it is the cacher's
-            // encoding, and they share it.
-            let cpu = batch
-                .iter()
-                .map(|ev| cost.dispatch.of(ev.line().len()))
-                .sum();
-            crate::cost::burn_on_blocking_thread(cpu).await;
-        }
-        if let Some(last) = batch.last() {
-            cursor.send_replace(last.rv);
-        }
-    }
-}
-
-/// After a receive error: the resourceVersion up to which events count as dispatched (the
-/// cacher fell behind its own channel, so no watcher may wait for an event it will never
-/// see), or `None` when the server is gone.
-fn skipped(shared: &Weak<Shared>, e: broadcast::error::RecvError) -> Option<u64> {
-    match e {
-        broadcast::error::RecvError::Lagged(_) => shared.upgrade().map(|s| s.store.rv()),
-        broadcast::error::RecvError::Closed => None,
+        cursor.send_replace(rv);
     }
 }
