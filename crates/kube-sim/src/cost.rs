@@ -78,8 +78,9 @@ impl CostModel {
     /// reference` plays the workload of that server's reference run (32 clients register
     /// 1,000 Nodes with the reference run's bodies, 200 LoadBalancer Services, a join) against
     /// the CCM measured there (main 1fc782c), and these costs reproduce the real server's
-    /// throughput: the kubelets' 1,000 POST + PATCH pairs took 3.39 s there and 3.19–3.43 s
-    /// here, the last LB update of the join landed 1.47 s and 1.67–1.69 s after it
+    /// throughput and its watchers' lag: the kubelets' 1,000 POST + PATCH pairs took 3.39 s
+    /// there and 3.29–3.33 s here, time to initialized p99 1.40 s there and 1.26–1.49 s here,
+    /// the last LB update of the join landed 1.47 s and 1.71–1.72 s after it
     /// (docs/BENCHMARKS.md lists every figure and the ones the model does not reproduce).
     ///
     /// kube-sim's own request handling (JSON and protobuf, strategic-merge patches,
@@ -87,7 +88,9 @@ impl CostModel {
     /// real cluster's are it is most of what a real server spends; the model adds only the
     /// rest: a write 0.55 ms + 0.07 ms/KiB of CPU, a GET 0.15 ms + 0.02 ms/KiB, a LIST 0.3 ms +
     /// 0.06 ms/KiB, a WATCH 0.3 ms to start, and etcd's commit as time, not CPU: 10 ms +
-    /// 0.5 ms/KiB per write (Raft and fsync on a cloud disk). The model fitted to the small
+    /// 0.5 ms/KiB per write (Raft and fsync on a cloud disk); the watch cache spends 75 µs on
+    /// each event, one at a time per kind, which is what makes watchers trail a busy server by
+    /// the second the real one showed (`crate::watch_cache`). The model fitted to the small
     /// bodies kube-sim's kubelets used to send charged 6× this CPU per write; with today's
     /// bodies it made the same registrations take 20 s.
     pub fn calibrated() -> Self {
@@ -96,7 +99,7 @@ impl CostModel {
             list: Cost::micros(300, 60),
             watch: Cost::micros(300, 0),
             write: Cost::micros(550, 70),
-            dispatch: Cost::default(),
+            dispatch: Cost::micros(75, 0),
             commit: Cost::micros(10_000, 500),
             allocate: Cost::default(),
         }
