@@ -15,10 +15,9 @@ mod providers;
 /// jemalloc instead of glibc's malloc: a third of the CCM's CPU in a node burst was glibc's
 /// malloc and free, and its heap fragments as the caches grow. With jemalloc a burst costs
 /// 13–19 % less CPU, and 10,000 to 50,000 Nodes peak 5–8 % lower (docs/BENCHMARKS.md, "The
-/// allocator");
-/// its settings (one arena; freed pages returned after a second by jemalloc's background
-/// thread, so an idle CCM gives back what its last refresh freed) are built in from
-/// .cargo/config.toml, and `_RJEM_MALLOC_CONF` overrides them at run time.
+/// allocator"). Its settings (one arena; freed pages returned after a second by jemalloc's
+/// background thread, so an idle CCM gives back what its last refresh freed) are built in
+/// from .cargo/config.toml, and `_RJEM_MALLOC_CONF` overrides them at run time.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

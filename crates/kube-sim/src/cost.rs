@@ -124,8 +124,8 @@ impl CostModel {
     }
 
     /// Sets one knob from `KNOB=BASE_US+PER_KIB_US` (e.g. `write=1800+200`), `KNOB` one of
-    /// `get`, `list`, `watch`, `write`, `dispatch`, `commit`, `allocate`: to fit the model to another server, or to ask
-    /// how a figure moves with one cost.
+    /// `get`, `list`, `watch`, `write`, `dispatch`, `commit`, `allocate`: to fit the model to
+    /// another server, or to ask how a figure moves with one cost.
     pub fn set_knob(&mut self, spec: &str) -> Result<(), String> {
         let usage = || {
             format!(
@@ -186,21 +186,25 @@ impl CostModel {
 
     /// Burns one watch event's dispatch CPU on a blocking thread.
     pub(crate) async fn charge_dispatch(&self, bytes: usize) {
-        let cpu = self.dispatch.of(bytes);
-        let _ = tokio::task::spawn_blocking(move || burn(cpu)).await;
+        burn_on_blocking_thread(self.dispatch.of(bytes)).await;
     }
 
     /// Charges one request: burns its CPU on a blocking thread (real cores, real contention),
     /// then waits its commit latency.
     pub(crate) async fn charge(&self, verb: Verb, bytes: usize) {
-        let cpu = self.cpu(verb, bytes);
-        if !cpu.is_zero() {
-            let _ = tokio::task::spawn_blocking(move || burn(cpu)).await;
-        }
+        burn_on_blocking_thread(self.cpu(verb, bytes)).await;
         let commit = self.commit(verb, bytes);
         if !commit.is_zero() {
             tokio::time::sleep(commit).await;
         }
+    }
+}
+
+/// Burns `cpu` on a blocking thread: real cores, real contention, and the async caller's
+/// worker stays free meanwhile.
+async fn burn_on_blocking_thread(cpu: Duration) {
+    if !cpu.is_zero() {
+        let _ = tokio::task::spawn_blocking(move || burn(cpu)).await;
     }
 }
 

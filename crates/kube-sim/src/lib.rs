@@ -242,9 +242,7 @@ impl KubeSim {
             cost: RwLock::new(Arc::new(cfg.cost.clone())),
             dispatch: Default::default(),
         });
-        if !cfg.cost.dispatch.is_zero() {
-            watch_cache::Dispatch::start(&shared);
-        }
+        watch_cache::Dispatch::start_if_charged(&shared, &cfg.cost);
         let acceptor = match &tls {
             Some(t) => Some(t.acceptor()?),
             None => None,
@@ -433,11 +431,9 @@ impl KubeSim {
 
     /// Changes what each request costs from now on (see [`cost::CostModel`]).
     pub fn set_cost_model(&self, model: cost::CostModel) {
-        let dispatch = !model.dispatch.is_zero();
-        *self.shared.cost.write() = Arc::new(model);
-        if dispatch {
-            watch_cache::Dispatch::start(&self.shared);
-        }
+        let model = Arc::new(model);
+        *self.shared.cost.write() = model.clone();
+        watch_cache::Dispatch::start_if_charged(&self.shared, &model);
     }
 
     /// Zeroes all request counters.

@@ -1255,7 +1255,11 @@ async fn run_watch(
                         }
                     }
                 }
-                let mut out = Outbox { tx: &tx, disconnect: &mut disconnect, chunk: Chunk::default() };
+                let mut out = Outbox {
+                    tx: &tx,
+                    disconnect: &mut disconnect,
+                    chunk: Chunk::default(),
+                };
                 if !out.send(&filter, cursor.as_mut(), batch, &mut last_rv).await || lagged {
                     break;
                 }

@@ -17,6 +17,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use tokio::sync::{broadcast, watch};
 
+use crate::cost::CostModel;
 use crate::resources::RESOURCES;
 use crate::server::Shared;
 
@@ -27,10 +28,14 @@ pub(crate) struct Dispatch {
 }
 
 impl Dispatch {
-    /// Starts the cachers (once; later calls do nothing). They read the cost model at each
-    /// event, so a model set later takes effect at once, and a free one makes them pass events
-    /// through. They hold the server weakly and end with its store.
-    pub(crate) fn start(shared: &Arc<Shared>) {
+    /// Starts the cachers if `model` charges dispatch (once; later calls do nothing). They
+    /// read the cost model at each event, so a model set later takes effect at once, and a
+    /// free one makes them pass events through. They hold the server weakly and end with its
+    /// store.
+    pub(crate) fn start_if_charged(shared: &Arc<Shared>, model: &CostModel) {
+        if model.dispatch.is_zero() {
+            return;
+        }
         shared.dispatch.cursors.get_or_init(|| {
             (0..RESOURCES.len())
                 .map(|res| {
