@@ -240,6 +240,7 @@ impl KubeSim {
             server_address: RwLock::new(addr.to_string()),
             connections: Default::default(),
             cost: RwLock::new(Arc::new(cfg.cost.clone())),
+            allocations: tokio::sync::Mutex::new(()),
             dispatch: Default::default(),
         });
         watch_cache::Dispatch::start_if_charged(&shared, &cfg.cost);

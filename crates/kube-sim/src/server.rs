@@ -45,6 +45,8 @@ pub(crate) struct Shared {
     pub server_address: RwLock<String>,
     /// Per-request server CPU and commit latency (free by default).
     pub cost: RwLock<Arc<crate::cost::CostModel>>,
+    /// Held by a Service create for its allocations (`CostModel::allocate`): one at a time.
+    pub allocations: tokio::sync::Mutex<()>,
     /// Connections open now (counted once their TLS handshake succeeded, when serving TLS).
     pub connections: std::sync::atomic::AtomicU64,
     /// The watch cache's per-kind cursors, when the cost model charges dispatch.
@@ -612,7 +614,7 @@ impl Shared {
                         && target.sub.is_none()
                         && RESOURCES[target.res].plural == "services"
                     {
-                        cost.charge_allocation().await;
+                        cost.charge_allocation(&self.allocations).await;
                     }
                 }
                 // A write is counted before any snapshot of the counters can see its effect

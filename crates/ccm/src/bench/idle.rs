@@ -38,7 +38,7 @@ pub(super) async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> 
             .await?;
         r.converged &= ok;
         // The LB phase before the quiet window, as in the issue 17 real-server soak.
-        add_services(&env.cluster, "idle-lb", opts.services).await?;
+        add_services(&env.cluster, "idle-lb", opts.services, 64).await?;
         let m = opts.services as usize;
         r.converged &= env
             .until(opts.timeout.0, || async {

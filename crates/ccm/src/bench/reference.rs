@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::BenchOptions;
 use super::env::Env;
 use super::report::{Percentiles, ScenarioResult, percentiles};
-use super::track::{Tracker, initialized, join_one, routed, spinner};
+use super::track::{Tracker, add_services, initialized, join_one, routed, spinner};
 use crate::cluster::Bodies;
 
 /// One figure of the reference run, measured here and (at the reference run's sizes) there.
@@ -199,19 +199,7 @@ async fn services(
 ) -> anyhow::Result<bool> {
     let tracker = Tracker::services(env.cluster.user_client());
     let t0 = Instant::now();
-    let results: Vec<anyhow::Result<(String, Instant)>> = futures::stream::iter(0..opts.services)
-        .map(|i| async move {
-            let name = format!("lb-{i}");
-            let t = Instant::now();
-            env.cluster.add_service(&name).await?;
-            Ok((name, t))
-        })
-        .buffer_unordered(opts.kubelets.max(1))
-        .collect()
-        .await;
-    let created = results
-        .into_iter()
-        .collect::<anyhow::Result<HashMap<_, _>>>()?;
+    let created = add_services(&env.cluster, "lb", opts.services, opts.kubelets).await?;
     m.set("(c) the Service creates took, s", secs(t0, Instant::now()));
     let want = created.len();
     let ok = env

@@ -23,7 +23,7 @@ pub(super) async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResu
         .await?;
     let tracker = Tracker::services(env.cluster.user_client());
     let t0 = Instant::now();
-    let created = add_services(&env.cluster, "lb", opts.services).await?;
+    let created = add_services(&env.cluster, "lb", opts.services, 64).await?;
     let m = opts.services as usize;
     let all = env
         .until(opts.timeout.0, || async { Ok(tracker.count() >= m) })
