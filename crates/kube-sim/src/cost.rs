@@ -211,24 +211,8 @@ impl CostModel {
 /// Burns `cpu` on a blocking thread: real cores, real contention, and the async caller's
 /// worker stays free meanwhile.
 async fn burn_on_blocking_thread(cpu: Duration) {
-    if cpu.is_zero() {
-        return;
-    }
-    let slice_us: u64 = std::env::var("KS_BURN_SLICE_US")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    if slice_us == 0 {
+    if !cpu.is_zero() {
         let _ = tokio::task::spawn_blocking(move || burn(cpu)).await;
-        return;
-    }
-    let slice = Duration::from_micros(slice_us);
-    let mut left = cpu;
-    while !left.is_zero() {
-        let now = left.min(slice);
-        burn(now);
-        left -= now;
-        tokio::task::yield_now().await;
     }
 }
 
@@ -296,14 +280,11 @@ mod tests {
         model.allocate = Cost::micros(10_000, 0);
         let allocator = tokio::sync::Mutex::new(());
         let start = tokio::time::Instant::now();
-        let one = async {
+        let create = || async {
             model.charge_allocation(&allocator).await;
             start.elapsed()
         };
-        let (a, b) = tokio::join!(one, async {
-            model.charge_allocation(&allocator).await;
-            start.elapsed()
-        });
+        let (a, b) = tokio::join!(create(), create());
         // Paused time: the clock moves only by the sleeps, so overlap would end both at 10 ms.
         let (first, last) = (a.min(b), a.max(b));
         assert_eq!(first, Duration::from_millis(10));

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use super::env::Env;
 use super::report::{IdleResult, ScenarioResult};
-use super::track::{add_nodes, add_services, spinner};
+use super::track::{SERVICE_CLIENTS, add_nodes, add_services, spinner};
 use super::{BenchOptions, RouteMode};
 
 pub(super) async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
@@ -38,7 +38,7 @@ pub(super) async fn idle(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> 
             .await?;
         r.converged &= ok;
         // The LB phase before the quiet window, as in the issue 17 real-server soak.
-        add_services(&env.cluster, "idle-lb", opts.services, 64).await?;
+        add_services(&env.cluster, "idle-lb", opts.services, SERVICE_CLIENTS).await?;
         let m = opts.services as usize;
         r.converged &= env
             .until(opts.timeout.0, || async {

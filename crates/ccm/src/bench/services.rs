@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use super::BenchOptions;
 use super::env::Env;
 use super::report::{ScenarioResult, percentiles};
-use super::track::{Tracker, add_nodes, add_services, api_stats, spinner};
+use super::track::{SERVICE_CLIENTS, Tracker, add_nodes, add_services, api_stats, spinner};
 
 pub(super) async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     let pb = spinner(&format!(
@@ -23,7 +23,7 @@ pub(super) async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResu
         .await?;
     let tracker = Tracker::services(env.cluster.user_client());
     let t0 = Instant::now();
-    let created = add_services(&env.cluster, "lb", opts.services, 64).await?;
+    let created = add_services(&env.cluster, "lb", opts.services, SERVICE_CLIENTS).await?;
     let m = opts.services as usize;
     let all = env
         .until(opts.timeout.0, || async { Ok(tracker.count() >= m) })

@@ -160,6 +160,9 @@ pub(super) fn routed(n: &Node) -> bool {
     condition_status(n, "NetworkUnavailable") == ConditionStatus::False
 }
 
+/// Clients creating the Services of the services and idle scenarios.
+pub(super) const SERVICE_CLIENTS: usize = 64;
+
 /// Creates `n` LoadBalancer Services from `clients` at once. Each one's time zero is when its
 /// create returned, as the reference run timed its Nodes: a create's own wait (its turn at the
 /// allocator) is the server's, not the CCM's.
