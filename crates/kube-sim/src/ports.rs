@@ -11,10 +11,14 @@ pub fn free_loopback_ports(n: u16) -> std::io::Result<u16> {
         .unwrap_or(32768);
     let first = 10_000u16;
     let span = u64::from(low.saturating_sub(n).saturating_sub(first).max(1));
-    let seed = u64::from(std::process::id())
+    // Calls from one process start apart (a counter), since threads can read the same clock.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let seed = (u64::from(std::process::id())
         ^ std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::from(d.subsec_nanos()));
+            .map_or(0, |d| u64::from(d.subsec_nanos())))
+    .wrapping_add(call.wrapping_mul(u64::from(n) + 1_009));
     (0..span)
         .map(|i| first + ((seed.wrapping_add(i * 97)) % span) as u16)
         .find(|&base| {

@@ -45,9 +45,14 @@ where
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
+    /// A fresh dir per call: the name carries a process-wide counter, since tests running in
+    /// parallel can read the same clock value (a coarse clocksource), and two emulators
+    /// sharing a dir serve each other's certificates.
     pub fn new(tag: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!(
-            "metal-{tag}-{}-{}",
+            "metal-{tag}-{}-{n}-{}",
             std::process::id(),
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
