@@ -61,17 +61,18 @@ impl Shared {
         client: kube::Client,
         shutdown: tokio_util::sync::CancellationToken,
     ) {
+        use crate::informer::slim::{SlimNode, SlimService};
         let cfg = kube::runtime::watcher::Config::default();
         tokio::spawn(self.nodes.clone().run(
-            kube::Api::<Node>::all(client.clone()),
+            kube::Api::<SlimNode>::all(client.clone()),
             cfg.clone(),
             shutdown.clone(),
         ));
-        tokio::spawn(
-            self.services
-                .clone()
-                .run(kube::Api::<Service>::all(client), cfg, shutdown),
-        );
+        tokio::spawn(self.services.clone().run(
+            kube::Api::<SlimService>::all(client),
+            cfg,
+            shutdown,
+        ));
     }
 }
 

@@ -23,6 +23,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+pub mod slim;
+
 /// A change to one cached object: `old: None` is an add, `new: None` a delete.
 #[derive(Debug)]
 pub struct Change<K> {
@@ -261,11 +263,15 @@ where
     }
 
     /// Watches `api` until `shutdown`, keeping the cache current. Watch errors (410 Gone,
-    /// disconnects) are retried with backoff by kube-runtime, which re-lists as needed.
-    pub async fn run(self, api: Api<K>, config: watcher::Config, shutdown: CancellationToken)
+    /// disconnects) are retried with backoff by kube-runtime, which re-lists as needed. `W` is
+    /// what the objects are decoded into: `K` itself, or a [`slim`] type that skips at decoding
+    /// what the transform would drop.
+    pub async fn run<W>(self, api: Api<W>, config: watcher::Config, shutdown: CancellationToken)
     where
-        K: DeserializeOwned + Debug,
+        K: Debug,
         K::DynamicType: Default,
+        W: Resource + Into<K> + Clone + DeserializeOwned + Debug + Send + 'static,
+        W::DynamicType: Default,
     {
         let stream = watcher::watcher(api, config).default_backoff();
         futures::pin_mut!(stream);
@@ -285,7 +291,7 @@ where
                     if let Some(list) = relist.as_mut() {
                         // Trimmed as it arrives: a re-list of 50,000 kubelet Nodes held whole
                         // (managedFields, images) until the last page is hundreds of megabytes.
-                        self.insert_trimmed(list, obj);
+                        self.insert_trimmed(list, obj.into());
                     }
                 }
                 Some(Ok(Event::InitDone)) => {
@@ -293,8 +299,8 @@ where
                     tracing::debug!(count = list.len(), kind = %K::kind(&Default::default()), "cache (re)listed");
                     self.replace_trimmed(list);
                 }
-                Some(Ok(Event::Apply(obj))) => self.apply(obj),
-                Some(Ok(Event::Delete(obj))) => self.delete(&obj),
+                Some(Ok(Event::Apply(obj))) => self.apply(obj.into()),
+                Some(Ok(Event::Delete(obj))) => self.delete(&obj.into()),
             }
         }
     }

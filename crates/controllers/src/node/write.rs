@@ -9,6 +9,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::Value;
 
+use crate::informer::slim::SlimNode;
+
 /// How many 409 Conflicts one write tolerates before giving up (and being retried with the
 /// key's backoff). Upstream retries 5 (labels/taints) to 20 (initialization) times.
 pub const MAX_CONFLICTS: u32 = 10;
@@ -32,7 +34,8 @@ pub fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.is_not_found())
 }
 
-/// Sends one merge patch guarded by `node`'s resourceVersion and returns the updated Node.
+/// Sends one merge patch guarded by `node`'s resourceVersion and returns the updated Node,
+/// trimmed as the cache's.
 pub async fn send(
     api: &Api<Node>,
     node: &Node,
@@ -44,10 +47,14 @@ pub async fn send(
         patch["metadata"]["resourceVersion"] = Value::String(rv.clone());
     }
     let pp = PatchParams::default();
-    match target {
-        Target::Object => api.patch(name, &pp, &Patch::Merge(&patch)).await,
-        Target::Status => api.patch_status(name, &pp, &Patch::Merge(&patch)).await,
-    }
+    // The reply is the whole Node; decoded slim (what the cache keeps), which is all any
+    // caller reads of it.
+    let slim = Api::<SlimNode>::all(api.clone().into_client());
+    let updated = match target {
+        Target::Object => slim.patch(name, &pp, &Patch::Merge(&patch)).await,
+        Target::Status => slim.patch_status(name, &pp, &Patch::Merge(&patch)).await,
+    };
+    updated.map(Node::from)
 }
 
 /// Computes a patch from `node` with `build` and sends it guarded by resourceVersion; on

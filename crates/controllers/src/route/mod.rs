@@ -476,7 +476,8 @@ fn throttle_hint(e: &CloudError) -> Option<Duration> {
 pub struct RouteController {
     shared: Shared,
     routes: Arc<dyn Routes>,
-    nodes_api: Api<Node>,
+    /// Condition writes; their replies are decoded slim, as nothing reads them.
+    nodes_api: Api<crate::informer::slim::SlimNode>,
     config: RouteConfig,
     recorder: Recorder,
     metrics: Metrics,
