@@ -11,6 +11,7 @@
 //! [`CostModel::calibrated`] is tuned so that ccm-rs's 1,000-node burst on kube-sim reproduces
 //! what was measured on kube-apiserver 1.36 + etcd 3.6 on a 2-core machine (docs/BENCHMARKS.md).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::metrics::Verb;
@@ -63,6 +64,11 @@ pub struct CostModel {
     pub dispatch: Cost,
     /// Time a write waits for its commit (etcd Raft + fsync), not CPU.
     pub commit: Cost,
+    /// Extra commit wait per write already committing when this one starts (`base` per
+    /// write ahead; `per_kib` unused): etcd applies writes one after another, so a write that
+    /// arrives behind others waits for them, and a quiet server commits sooner than a busy
+    /// one.
+    pub commit_queue: Cost,
     /// Time a Service create spends on its ClusterIP and NodePort allocations (etcd
     /// transactions on a real server), not CPU, one create at a time: what spreads a burst of
     /// creates out.
@@ -106,6 +112,7 @@ impl CostModel {
             write: Cost::micros(550, 70),
             dispatch: Cost::micros(75, 0),
             commit: Cost::micros(10_000, 500),
+            commit_queue: Cost::micros(0, 0),
             allocate: Cost::micros(3_000, 0),
         }
     }
@@ -124,18 +131,21 @@ impl CostModel {
             write: scale(self.write),
             dispatch: scale(self.dispatch),
             commit: self.commit,
+            commit_queue: self.commit_queue,
             allocate: self.allocate,
         }
     }
 
     /// Sets one knob from `KNOB=BASE_US+PER_KIB_US` (e.g. `write=1800+200`), `KNOB` one of
-    /// `get`, `list`, `watch`, `write`, `dispatch`, `commit`, `allocate`: to fit the model to
-    /// another server, or to ask how a figure moves with one cost.
+    /// `get`, `list`, `watch`, `write`, `dispatch`, `commit`, `commit-queue` (µs per write
+    /// ahead, no per-KiB part), `allocate`: to fit the model to another server, or to ask how
+    /// a figure moves with one cost.
     pub fn set_knob(&mut self, spec: &str) -> Result<(), String> {
         let usage = || {
             format!(
                 "{spec:?}: expected KNOB=BASE_US+PER_KIB_US with KNOB one of get, list, watch, \
-                 write, dispatch, commit, allocate (e.g. write=1800+200)"
+                 write, dispatch, commit, commit-queue (BASE_US only), allocate (e.g. \
+                 write=1800+200)"
             )
         };
         let (knob, value) = spec.split_once('=').ok_or_else(usage)?;
@@ -151,6 +161,7 @@ impl CostModel {
             "write" => self.write = cost,
             "dispatch" => self.dispatch = cost,
             "commit" => self.commit = cost,
+            "commit-queue" if cost.per_kib.is_zero() => self.commit_queue = cost,
             "allocate" => self.allocate = cost,
             _ => return Err(usage()),
         }
@@ -172,10 +183,12 @@ impl CostModel {
         }
     }
 
-    /// Time a write of `bytes` waits for its commit; zero for reads.
-    pub fn commit(&self, verb: Verb, bytes: usize) -> Duration {
+    /// Time a write of `bytes` waits for its commit behind `ahead` writes already committing;
+    /// zero for reads.
+    pub fn commit(&self, verb: Verb, bytes: usize, ahead: usize) -> Duration {
         if verb.is_write() {
-            self.commit.of(bytes)
+            let ahead = u32::try_from(ahead).unwrap_or(u32::MAX);
+            self.commit.of(bytes) + self.commit_queue.base.saturating_mul(ahead)
         } else {
             Duration::ZERO
         }
@@ -198,13 +211,38 @@ impl CostModel {
     }
 
     /// Charges one request: burns its CPU on a blocking thread (real cores, real contention),
-    /// then waits its commit latency.
-    pub(crate) async fn charge(&self, verb: Verb, bytes: usize) {
+    /// then waits its commit latency behind the writes counted in `committing`.
+    pub(crate) async fn charge(&self, verb: Verb, bytes: usize, committing: &AtomicUsize) {
         burn_on_blocking_thread(self.cpu(verb, bytes)).await;
-        let commit = self.commit(verb, bytes);
+        if !verb.is_write() {
+            return;
+        }
+        let queued = Queued::join(committing);
+        let commit = self.commit(verb, bytes, queued.ahead);
         if !commit.is_zero() {
             tokio::time::sleep(commit).await;
         }
+    }
+}
+
+/// One write in the commit queue, counted out again however its request ends (a client that
+/// hangs up drops the request's future mid-commit).
+struct Queued<'a> {
+    committing: &'a AtomicUsize,
+    /// Writes that were committing when this one joined.
+    ahead: usize,
+}
+
+impl<'a> Queued<'a> {
+    fn join(committing: &'a AtomicUsize) -> Self {
+        let ahead = committing.fetch_add(1, Ordering::Relaxed);
+        Queued { committing, ahead }
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.committing.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -256,8 +294,8 @@ mod tests {
         let m = CostModel::calibrated();
         assert!(m.cpu(Verb::Patch, 4096) > m.cpu(Verb::Patch, 1024));
         assert!(m.cpu(Verb::List, 1 << 20) > m.cpu(Verb::Get, 4096));
-        assert_eq!(m.commit(Verb::Get, 4096), Duration::ZERO);
-        assert!(m.commit(Verb::Create, 4096) > Duration::ZERO);
+        assert_eq!(m.commit(Verb::Get, 4096, 0), Duration::ZERO);
+        assert!(m.commit(Verb::Create, 4096, 0) > Duration::ZERO);
         assert!(CostModel::free().is_free());
         assert_eq!(CostModel::free().cpu(Verb::Create, 1 << 20), Duration::ZERO);
     }
@@ -272,6 +310,41 @@ mod tests {
         let err = m.set_knob("wrte=1+1").expect_err("unknown knob");
         assert!(err.contains("wrte=1+1") && err.contains("write"), "{err}");
         assert!(m.set_knob("write=fast").is_err());
+        m.set_knob("commit-queue=300").expect("µs per write ahead");
+        assert_eq!(m.commit_queue, Cost::micros(300, 0));
+        let err = m
+            .set_knob("commit-queue=300+10")
+            .expect_err("no per-KiB part");
+        assert!(err.contains("commit-queue (BASE_US only)"), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_behind_others_commits_later_than_one_on_a_quiet_server() {
+        let mut model = CostModel::free();
+        model.commit = Cost::micros(2_000, 0);
+        model.commit_queue = Cost::micros(1_000, 0);
+        let committing = AtomicUsize::new(0);
+        let write = || async {
+            let start = tokio::time::Instant::now();
+            model.charge(Verb::Patch, 0, &committing).await;
+            start.elapsed()
+        };
+        assert_eq!(
+            write().await,
+            Duration::from_millis(2),
+            "alone: the commit only"
+        );
+        // Paused time: the three start together and each waits for those that joined first.
+        let (a, b, c) = tokio::join!(write(), write(), write());
+        let mut waits = [a, b, c];
+        waits.sort();
+        assert_eq!(waits.map(|d| d.as_millis()), [2, 3, 4]);
+        assert_eq!(
+            committing.load(Ordering::Relaxed),
+            0,
+            "every write left the queue"
+        );
+        assert_eq!(write().await, Duration::from_millis(2), "quiet again");
     }
 
     #[tokio::test(start_paused = true)]

@@ -47,6 +47,8 @@ pub(crate) struct Shared {
     pub cost: RwLock<Arc<crate::cost::CostModel>>,
     /// Held by a Service create for its allocations (`CostModel::allocate`): one at a time.
     pub allocations: tokio::sync::Mutex<()>,
+    /// Writes waiting for their commit now (`CostModel::commit_queue`).
+    pub committing: std::sync::atomic::AtomicUsize,
     /// Connections open now (counted once their TLS handshake succeeded, when serving TLS).
     pub connections: std::sync::atomic::AtomicU64,
     /// The watch cache's per-kind cursors, when the cost model charges dispatch.
@@ -608,14 +610,16 @@ impl Shared {
                 if !cost.is_free() && verb.is_write() {
                     // A write is paid for before anyone can see it, as on a real server where
                     // watchers hear of it only after etcd committed it.
-                    let bytes = body.len().max(self.stored_size(&target));
-                    cost.charge(verb, bytes).await;
+                    // A Service's ClusterIP and NodePorts are allocated (etcd transactions of
+                    // their own) before the Service itself is written.
                     if verb == Verb::Create
                         && target.sub.is_none()
                         && RESOURCES[target.res].plural == "services"
                     {
                         cost.charge_allocation(&self.allocations).await;
                     }
+                    let bytes = body.len().max(self.stored_size(&target));
+                    cost.charge(verb, bytes, &self.committing).await;
                 }
                 // A write is counted before any snapshot of the counters can see its effect
                 // (`Metrics::counting`); dispatch never awaits, so no guard spans an await.
@@ -641,8 +645,8 @@ impl Shared {
                     let answered = hyper::body::Body::size_hint(resp.body())
                         .exact()
                         .unwrap_or(0);
-                    cost.charge(verb, usize::try_from(answered).unwrap_or(usize::MAX))
-                        .await;
+                    let answered = usize::try_from(answered).unwrap_or(usize::MAX);
+                    cost.charge(verb, answered, &self.committing).await;
                 }
                 if !verb.is_write() {
                     self.count(verb, &target, resp.status().as_u16(), &client, &user);
