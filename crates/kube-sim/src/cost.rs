@@ -86,9 +86,10 @@ impl CostModel {
     /// 1,000 Nodes with the reference run's bodies, 200 LoadBalancer Services, a join) against
     /// the CCM measured there (main 1fc782c), and these costs reproduce the real server's
     /// throughput and its watchers' lag: the kubelets' 1,000 POST + PATCH pairs took 3.39 s
-    /// there and 3.80–4.01 s here, time to initialized p99 1.40 s there and 1.06–1.31 s here,
-    /// LB ingress p99 0.12 s there and 0.11 s here, the last LB update of the join landed
-    /// 1.47 s and 1.75–1.78 s after it
+    /// there and 3.93–4.47 s here, time to initialized p99 1.40 s there and 1.13–1.26 s here
+    /// (0.73 s in one run of four: the lag sits near a tipping point), LB ingress p99 0.12 s
+    /// there and 0.10–0.11 s here, the last LB update of the join landed 1.47 s and
+    /// 1.75–1.83 s after it
     /// (docs/BENCHMARKS.md lists every figure and the ones the model does not reproduce).
     ///
     /// kube-sim's own request handling (JSON and protobuf, strategic-merge patches,
