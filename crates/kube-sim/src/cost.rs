@@ -64,11 +64,10 @@ pub struct CostModel {
     pub dispatch: Cost,
     /// Time a write waits for its commit (etcd Raft + fsync), not CPU.
     pub commit: Cost,
-    /// Extra commit wait per write already committing when this one starts (`base` per
-    /// write ahead; `per_kib` unused): etcd applies writes one after another, so a write that
-    /// arrives behind others waits for them, and a quiet server commits sooner than a busy
-    /// one.
-    pub commit_queue: Cost,
+    /// Extra commit wait per write already committing when this one starts: etcd applies
+    /// writes one after another, so a write that arrives behind others waits for them, and a
+    /// quiet server commits sooner than a busy one.
+    pub commit_queue: Duration,
     /// Time a Service create spends on its ClusterIP and NodePort allocations (etcd
     /// transactions on a real server), not CPU, one create at a time: what spreads a burst of
     /// creates out.
@@ -113,7 +112,7 @@ impl CostModel {
             write: Cost::micros(550, 70),
             dispatch: Cost::micros(75, 0),
             commit: Cost::micros(10_000, 500),
-            commit_queue: Cost::micros(0, 0),
+            commit_queue: Duration::ZERO,
             allocate: Cost::micros(3_000, 0),
         }
     }
@@ -162,7 +161,7 @@ impl CostModel {
             "write" => self.write = cost,
             "dispatch" => self.dispatch = cost,
             "commit" => self.commit = cost,
-            "commit-queue" if cost.per_kib.is_zero() => self.commit_queue = cost,
+            "commit-queue" if cost.per_kib.is_zero() => self.commit_queue = cost.base,
             "allocate" => self.allocate = cost,
             _ => return Err(usage()),
         }
@@ -189,7 +188,7 @@ impl CostModel {
     pub fn commit(&self, verb: Verb, bytes: usize, ahead: usize) -> Duration {
         if verb.is_write() {
             let ahead = u32::try_from(ahead).unwrap_or(u32::MAX);
-            self.commit.of(bytes) + self.commit_queue.base.saturating_mul(ahead)
+            self.commit.of(bytes) + self.commit_queue.saturating_mul(ahead)
         } else {
             Duration::ZERO
         }
@@ -312,7 +311,7 @@ mod tests {
         assert!(err.contains("wrte=1+1") && err.contains("write"), "{err}");
         assert!(m.set_knob("write=fast").is_err());
         m.set_knob("commit-queue=300").expect("µs per write ahead");
-        assert_eq!(m.commit_queue, Cost::micros(300, 0));
+        assert_eq!(m.commit_queue, Duration::from_micros(300));
         let err = m
             .set_knob("commit-queue=300+10")
             .expect_err("no per-KiB part");
@@ -323,7 +322,7 @@ mod tests {
     async fn a_write_behind_others_commits_later_than_one_on_a_quiet_server() {
         let mut model = CostModel::free();
         model.commit = Cost::micros(2_000, 0);
-        model.commit_queue = Cost::micros(1_000, 0);
+        model.commit_queue = Duration::from_millis(1);
         let committing = AtomicUsize::new(0);
         let write = || async {
             let start = tokio::time::Instant::now();
