@@ -5,8 +5,10 @@
 pub mod lb;
 pub mod nova;
 
+use std::io::BufReader;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ccm_provider_openstack::{OpenStackCloud, OpenStackConfig};
@@ -150,24 +152,8 @@ impl Stack {
 
     /// The real `openstack` client as the cloud's admin.
     pub fn openstack_admin(&self, args: &[&str]) -> String {
-        let out = Command::new(venv().join("bin/openstack"))
-            .args(args)
-            .env("OS_AUTH_URL", &self.ks_url)
-            .env("OS_USERNAME", "admin")
-            .env("OS_PASSWORD", "admin-secret")
-            .env("OS_PROJECT_NAME", "admin")
-            .env("OS_USER_DOMAIN_ID", "default")
-            .env("OS_PROJECT_DOMAIN_ID", "default")
-            .env("OS_IDENTITY_API_VERSION", "3")
-            .env("OS_REGION_NAME", "RegionOne")
-            .output()
-            .expect("openstack");
-        assert!(
-            out.status.success(),
-            "openstack {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        let env = user_env(&self.ks_url, "admin", "admin-secret", "admin");
+        osc(&env, args, 600).unwrap_or_else(|e| panic!("openstack {args:?}: {e}"))
     }
 
     /// The real `openstack` client as the cluster's user.
@@ -224,24 +210,95 @@ impl Stack {
 pub fn openstack_at(ks_url: &str, args: &[&str]) -> Result<String, String> {
     // Bounded: on the one-host fake cloud (Nova on sqlite) a build can stay in BUILD for good
     // after a "database is locked"; `--wait` would then never return.
-    let out = Command::new("timeout")
-        .arg("150")
-        .arg(venv().join("bin/openstack"))
-        .args(args)
-        .env("OS_AUTH_URL", ks_url)
-        .env("OS_USERNAME", "ccm")
-        .env("OS_PASSWORD", "ccm-secret")
-        .env("OS_PROJECT_NAME", "ccm")
-        .env("OS_USER_DOMAIN_ID", "default")
-        .env("OS_PROJECT_DOMAIN_ID", "default")
-        .env("OS_IDENTITY_API_VERSION", "3")
-        .env("OS_REGION_NAME", "RegionOne")
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    osc(&user_env(ks_url, "ccm", "ccm-secret", "ccm"), args, 150)
+}
+
+fn user_env(ks_url: &str, user: &str, password: &str, project: &str) -> Vec<(String, String)> {
+    [
+        ("OS_AUTH_URL", ks_url),
+        ("OS_USERNAME", user),
+        ("OS_PASSWORD", password),
+        ("OS_PROJECT_NAME", project),
+        ("OS_USER_DOMAIN_ID", "default"),
+        ("OS_PROJECT_DOMAIN_ID", "default"),
+        ("OS_IDENTITY_API_VERSION", "3"),
+        ("OS_REGION_NAME", "RegionOne"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// A kept-loaded `openstack` client (support/osc_server.py): the same shell code as the
+/// command, without a Python start per command (about 2.5 CPU-seconds each, hundreds of
+/// commands per test binary).
+struct Shell {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Shell {
+    fn start() -> Result<Shell, String> {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/osc_server.py");
+        let mut child = Command::new(venv().join("bin/python"))
+            .arg(script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("osc_server.py: {e}"))?;
+        let stdin = child.stdin.take().ok_or("osc_server.py: no stdin")?;
+        let stdout = BufReader::new(child.stdout.take().ok_or("osc_server.py: no stdout")?);
+        Ok(Shell {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    fn call(&mut self, req: &serde_json::Value) -> Result<serde_json::Value, String> {
+        use std::io::{BufRead as _, Write as _};
+        writeln!(self.stdin, "{req}").map_err(|e| format!("osc_server.py: {e}"))?;
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .map_err(|e| format!("osc_server.py: {e}"))?;
+        serde_json::from_str(&line).map_err(|e| format!("osc_server.py answered {line:?}: {e}"))
+    }
+}
+
+impl Drop for Shell {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Idle shells: a command takes one (or starts one), so tests running side by side in one
+/// binary each have their own.
+static SHELLS: Mutex<Vec<Shell>> = Mutex::new(Vec::new());
+
+/// `openstack ARGS` with only `env`'s OS_* variables, stopped after `timeout` seconds: its
+/// stdout (trimmed) or, when it fails, its stderr.
+fn osc(env: &[(String, String)], args: &[&str], timeout: u64) -> Result<String, String> {
+    let idle = SHELLS.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    let mut shell = match idle {
+        Some(s) => s,
+        None => Shell::start()?,
+    };
+    let env: serde_json::Map<String, serde_json::Value> = env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone().into()))
+        .collect();
+    let req = serde_json::json!({"args": args, "env": env, "timeout": timeout});
+    // A shell that failed to answer is dropped (killed), not returned to the pool.
+    let reply = shell.call(&req)?;
+    SHELLS.lock().unwrap_or_else(|p| p.into_inner()).push(shell);
+    let text = |k: &str| reply[k].as_str().unwrap_or_default().to_string();
+    if reply["rc"].as_i64() == Some(0) {
+        Ok(text("out").trim().to_string())
     } else {
-        Err(String::from_utf8_lossy(&out.stderr).to_string())
+        Err(format!("{}(exit {})", text("err"), reply["rc"]))
     }
 }
 
