@@ -153,7 +153,7 @@ impl Stack {
     /// The real `openstack` client as the cloud's admin.
     pub fn openstack_admin(&self, args: &[&str]) -> String {
         let env = user_env(&self.ks_url, "admin", "admin-secret", "admin");
-        osc(&env, args, 600).unwrap_or_else(|e| panic!("openstack {args:?}: {e}"))
+        osc(env, args, 600).unwrap_or_else(|e| panic!("openstack {args:?}: {e}"))
     }
 
     /// The real `openstack` client as the cluster's user.
@@ -210,23 +210,21 @@ impl Stack {
 pub fn openstack_at(ks_url: &str, args: &[&str]) -> Result<String, String> {
     // Bounded: on the one-host fake cloud (Nova on sqlite) a build can stay in BUILD for good
     // after a "database is locked"; `--wait` would then never return.
-    osc(&user_env(ks_url, "ccm", "ccm-secret", "ccm"), args, 150)
+    osc(user_env(ks_url, "ccm", "ccm-secret", "ccm"), args, 150)
 }
 
-fn user_env(ks_url: &str, user: &str, password: &str, project: &str) -> Vec<(String, String)> {
-    [
-        ("OS_AUTH_URL", ks_url),
-        ("OS_USERNAME", user),
-        ("OS_PASSWORD", password),
-        ("OS_PROJECT_NAME", project),
-        ("OS_USER_DOMAIN_ID", "default"),
-        ("OS_PROJECT_DOMAIN_ID", "default"),
-        ("OS_IDENTITY_API_VERSION", "3"),
-        ("OS_REGION_NAME", "RegionOne"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect()
+/// The `OS_*` variables of `openstack` as `user` on `project` of the stack at `ks_url`.
+fn user_env(ks_url: &str, user: &str, password: &str, project: &str) -> serde_json::Value {
+    serde_json::json!({
+        "OS_AUTH_URL": ks_url,
+        "OS_USERNAME": user,
+        "OS_PASSWORD": password,
+        "OS_PROJECT_NAME": project,
+        "OS_USER_DOMAIN_ID": "default",
+        "OS_PROJECT_DOMAIN_ID": "default",
+        "OS_IDENTITY_API_VERSION": "3",
+        "OS_REGION_NAME": "RegionOne",
+    })
 }
 
 /// A kept-loaded `openstack` client (support/osc_server.py): the same shell code as the
@@ -280,16 +278,12 @@ static SHELLS: Mutex<Vec<Shell>> = Mutex::new(Vec::new());
 
 /// `openstack ARGS` with only `env`'s OS_* variables, stopped after `timeout` seconds: its
 /// stdout (trimmed) or, when it fails, its stderr.
-fn osc(env: &[(String, String)], args: &[&str], timeout: u64) -> Result<String, String> {
+fn osc(env: serde_json::Value, args: &[&str], timeout: u64) -> Result<String, String> {
     let idle = SHELLS.lock().unwrap_or_else(|p| p.into_inner()).pop();
     let mut shell = match idle {
         Some(s) => s,
         None => Shell::start()?,
     };
-    let env: serde_json::Map<String, serde_json::Value> = env
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone().into()))
-        .collect();
     let req = serde_json::json!({"args": args, "env": env, "timeout": timeout});
     // A shell that failed to answer is dropped (killed), not returned to the pool.
     let reply = shell.call(&req)?;

@@ -68,9 +68,9 @@ def run(req):
     os.close(r)
     if data is None:
         os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    if data is None:
+        os.waitpid(pid, 0)
         return {"rc": 124, "out": "", "err": f"timed out after {timeout} s\n"}
+    os.waitpid(pid, 0)
     try:
         return json.loads(data)
     except ValueError:
