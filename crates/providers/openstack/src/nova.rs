@@ -1,7 +1,7 @@
 //! Nova and Neutron reads: every server of the project in as few pages as Nova allows, the
 //! ports of many servers in one Neutron call, and the one GET that confirms a server is gone.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use ccm_cloud::CloudError;
 use http::Method;
@@ -128,6 +128,7 @@ fn microversion_headers() -> [(&'static str, &'static str); 2] {
 pub async fn list_servers(ks: &Keystone) -> Result<Vec<Server>, CloudError> {
     let op = "compute GET /servers/detail";
     let mut out: Vec<Server> = Vec::new();
+    let mut seen = HashSet::new();
     let mut marker: Option<String> = None;
     // A bound against a server that keeps answering "next": 10,000 pages of 1,000.
     for _ in 0..10_000 {
@@ -150,17 +151,34 @@ pub async fn list_servers(ks: &Keystone) -> Result<Vec<Server>, CloudError> {
             return Err(status_error(op, &reply));
         }
         let page: ServerPage = reply.json(op)?;
-        let more = page.servers_links.iter().any(|l| l.rel == "next");
-        let last = page.servers.last().map(|s| s.id.clone());
+        let next = next_marker(&page, &mut seen)
+            .map_err(|e| CloudError::Transient(format!("{op}: {e}")))?;
         out.extend(page.servers);
-        match (more, last) {
-            (true, Some(id)) => marker = Some(id),
-            _ => return Ok(out),
+        match next {
+            Some(id) => marker = Some(id),
+            None => return Ok(out),
         }
     }
     Err(CloudError::Transient(format!(
         "{op}: more than 10,000 pages; refusing to go on"
     )))
+}
+
+/// The marker of the page after `page`, `None` after the last page. A marker already used
+/// means the server leads in a circle (a proxy or cache answering every page alike): an error
+/// at once, not thousands of requests for the same servers.
+fn next_marker(page: &ServerPage, seen: &mut HashSet<String>) -> Result<Option<String>, String> {
+    let more = page.servers_links.iter().any(|l| l.rel == "next");
+    let Some(last) = page.servers.last().filter(|_| more) else {
+        return Ok(None);
+    };
+    if !seen.insert(last.id.clone()) {
+        return Err(format!(
+            "the page after server {} was asked for already: Nova's pages go in a circle",
+            last.id
+        ));
+    }
+    Ok(Some(last.id.clone()))
 }
 
 /// One server by id: `Ok(None)` only on Nova's authoritative 404 for that exact server.
@@ -247,5 +265,34 @@ mod tests {
         ));
         assert!(!is_nova_not_found(b"<html>404 Not Found</html>"));
         assert!(!is_nova_not_found(br#"{"error": "not found"}"#));
+    }
+
+    fn page(ids: &[&str], next: bool) -> ServerPage {
+        serde_json::from_value(serde_json::json!({
+            "servers": ids.iter().map(|id| serde_json::json!({"id": id})).collect::<Vec<_>>(),
+            "servers_links": if next { serde_json::json!([{"rel": "next", "href": "x"}]) } else { serde_json::json!([]) },
+        }))
+        .expect("page")
+    }
+
+    #[test]
+    fn pages_are_followed_until_the_last_and_a_circle_is_an_error() {
+        let mut seen = HashSet::new();
+        assert_eq!(
+            next_marker(&page(&["a", "b"], true), &mut seen),
+            Ok(Some("b".into()))
+        );
+        assert_eq!(
+            next_marker(&page(&["c"], true), &mut seen),
+            Ok(Some("c".into()))
+        );
+        // A server answering every page alike: the second time is an error, not page 10,000.
+        let again = next_marker(&page(&["b"], true), &mut seen);
+        assert!(
+            again.as_ref().is_err_and(|e| e.contains("circle")),
+            "{again:?}"
+        );
+        assert_eq!(next_marker(&page(&["d"], false), &mut seen), Ok(None));
+        assert_eq!(next_marker(&page(&[], true), &mut seen), Ok(None));
     }
 }
