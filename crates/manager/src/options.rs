@@ -256,11 +256,11 @@ pub struct RunOptions {
     #[arg(long, default_value_t = 500.0, help_heading = "Generic flags")]
     pub kube_api_qps: f64,
 
-    /// Burst for `--kube-api-qps`. ccm-rs: 12000 (upstream CCM: 30): room for a 5,000-node
-    /// scale-up (Kubernetes' largest supported cluster; 2 writes per Node, plus a fifth for
-    /// conflict retries) to initialize at API-server speed; a runaway loop is still held to
-    /// `--kube-api-qps` once the burst is spent.
-    #[arg(long, default_value_t = 12000, help_heading = "Generic flags")]
+    /// Burst for `--kube-api-qps`. ccm-rs: 120000 (upstream CCM: 30): room for a 50,000-node
+    /// scale-up (2 writes per Node, plus a fifth for conflict retries) to initialize at
+    /// API-server speed; a runaway loop is still held to `--kube-api-qps` once the burst is
+    /// spent.
+    #[arg(long, default_value_t = 120_000, help_heading = "Generic flags")]
     pub kube_api_burst: u32,
 
     /// ccm-rs: bound each controller client's requests in flight by a limit that adapts to
@@ -909,6 +909,34 @@ mod tests {
     }
 
     use super::*;
+
+    /// The cloud-node controller writes twice per Node. With the default limit, a 50,000-Node
+    /// scale-up registering as fast as `ccm bench scale`'s kubelets (about 400 Nodes/s) is
+    /// never paced by it: at the old burst of 12,000 the last Nodes waited 53 s.
+    #[test]
+    fn the_default_limit_lets_a_50000_node_scale_up_through_unpaced() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            o: RunOptions,
+        }
+        let o = <Cli as clap::Parser>::try_parse_from(["ccm"])
+            .expect("defaults")
+            .o;
+        let start = tokio::time::Instant::now();
+        let mut bucket = ccm_cloud::TokenBucket::new(o.kube_api_qps, o.kube_api_burst, start);
+        let (writes, seconds) = (2 * 50_000 * 6 / 5, 120.0);
+        let paced = (0..writes)
+            .filter(|i| {
+                let at = Duration::from_secs_f64(seconds * f64::from(*i) / f64::from(writes));
+                !bucket.try_take(start + at)
+            })
+            .count();
+        assert_eq!(
+            paced, 0,
+            "{paced} of {writes} writes would wait for the limit"
+        );
+    }
 
     #[test]
     fn go_durations() {
