@@ -245,3 +245,93 @@ async fn unreachable_server_is_a_transient_error() {
     assert!(RemoteSim::new("https://example.com", "a").is_err());
     assert!(RemoteSim::new("http://127.0.0.1:1", "bad\nactor").is_err());
 }
+
+/// Serves `sim` at `addr` (port 0: any) with the router the sim server uses, recording each
+/// call's body; returns the bound address and a way to stop it.
+async fn recording_server(
+    sim: SimCloud,
+    addr: SocketAddr,
+    bodies: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) -> (SocketAddr, tokio_util::sync::CancellationToken) {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let app = ccm_provider_sim::remote::router(sim, stop.clone()).layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let bodies = bodies.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let bytes = axum::body::to_bytes(body, usize::MAX).await.expect("body");
+                bodies
+                    .lock()
+                    .expect("bodies")
+                    .push(String::from_utf8_lossy(&bytes).into_owned());
+                next.run(axum::extract::Request::from_parts(parts, bytes.into()))
+                    .await
+            }
+        },
+    ));
+    let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let s = stop.clone();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(s.cancelled_owned())
+            .await
+    });
+    (addr, stop)
+}
+
+/// The service controller hands every LB the same node list: it crosses the wire once, later
+/// calls name it; a server that lost it (restarted) gets it in full again, and every LB ends
+/// with the right hosts.
+#[tokio::test]
+async fn a_shared_node_list_crosses_the_wire_once_and_again_after_a_restart() {
+    let sim = SimCloud::seeded(1);
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (addr, stop) = recording_server(sim.clone(), local(), bodies.clone()).await;
+    let remote = RemoteSim::new(&format!("http://{addr}"), "a").expect("client");
+    let lb = CloudProvider::load_balancer(&remote).expect("lb");
+    let nodes = [node("n1", None), node("n2", None)].map(std::sync::Arc::new);
+    let web = service("ns", "web", "u-1", &[("TCP", 80, 30080)]);
+    let api = service("ns", "api", "u-2", &[("TCP", 443, 30443)]);
+    lb.ensure_load_balancer("c", &web, &nodes)
+        .await
+        .expect("web");
+    lb.ensure_load_balancer("c", &api, &nodes)
+        .await
+        .expect("api");
+    let sent: Vec<String> = std::mem::take(&mut *bodies.lock().expect("bodies"));
+    assert!(
+        sent[0].contains("\"n1\""),
+        "the first call carries the nodes: {}",
+        sent[0]
+    );
+    assert!(
+        !sent[1].contains("\"n1\""),
+        "the second names them: {}",
+        sent[1]
+    );
+
+    // The server restarts on the same port and forgets the list; the cloud stays.
+    stop.cancel();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let (_, stop) = recording_server(sim.clone(), addr, bodies.clone()).await;
+    lb.update_load_balancer("c", &web, &nodes)
+        .await
+        .expect("web, after the restart");
+    let sent: Vec<String> = std::mem::take(&mut *bodies.lock().expect("bodies"));
+    assert_eq!(sent.len(), 2, "named, refused, then in full: {sent:?}");
+    assert!(
+        !sent[0].contains("\"n1\"") && sent[1].contains("\"n1\""),
+        "{sent:?}"
+    );
+    lb.update_load_balancer("c", &api, &nodes[..1])
+        .await
+        .expect("api, fewer");
+    // By LB name: web's ("au-1"), then api's.
+    let hosts: Vec<Vec<String>> = sim.load_balancers().into_iter().map(|l| l.hosts).collect();
+    assert_eq!(
+        hosts,
+        [vec!["n1".to_string(), "n2".into()], vec!["n1".into()]]
+    );
+    stop.cancel();
+}

@@ -24,10 +24,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::lists::{ListRef, SentLists};
 use super::wire::{
     ACTOR_HEADER, Call, CallCount, CallRef, DeleteRouteRequest, FaultRequest, MAX_BATCH_HEADER,
-    WireEvent, WireMaybeMetadata, WireNodes, WireResult, WireRoute, WireRoutes, WireStatus,
-    from_wire,
+    WireError, WireEvent, WireMaybeMetadata, WireNodes, WireResult, WireRoute, WireRoutes,
+    WireStatus, from_wire,
 };
 use crate::cloud::{
     DEFAULT_MAX_BATCH_SIZE, InstanceSpec, Mutation, PROVIDER_NAME, SimInstance, SimLoadBalancer,
@@ -56,6 +57,7 @@ struct Inner {
     actor: String,
     client: Client<HttpConnector, Full<Bytes>>,
     max_batch_size: AtomicUsize,
+    lists: SentLists,
 }
 
 impl std::fmt::Debug for RemoteSim {
@@ -108,6 +110,7 @@ impl RemoteSim {
                     .http2_only(true)
                     .build(connector()),
                 max_batch_size: AtomicUsize::new(DEFAULT_MAX_BATCH_SIZE),
+                lists: SentLists::new(),
             }),
         })
     }
@@ -193,6 +196,39 @@ impl RemoteSim {
     async fn call<W: DeserializeOwned, T: From<W>>(&self, call: impl Serialize) -> CloudResult<T> {
         let answer: WireResult<W> = self.post("/v1/call", &call).await?;
         from_wire(answer)
+    }
+
+    /// A load-balancer call, its node list named by id when the server keeps it (see
+    /// [`super::lists`]); sent in full again when the server no longer does.
+    async fn lb_call<'a, W: DeserializeOwned>(
+        &self,
+        nodes: &'a [Arc<Node>],
+        call: impl Fn(WireNodes<'a>, ListRef) -> CallRef<'a>,
+    ) -> CloudResult<W> {
+        let lists = &self.inner.lists;
+        let mut list = lists.reference(nodes);
+        for _ in 0..2 {
+            let wire = match list {
+                ListRef::Keep(_) => WireNodes::Shared(nodes),
+                ListRef::Same(_) => WireNodes::Shared(&[]),
+            };
+            match self
+                .post::<_, WireResult<W>>("/v1/call", &call(wire, list))
+                .await?
+            {
+                Err(WireError::UnknownNodeList { id }) => {
+                    lists.lost(id);
+                    list = lists.reference(nodes);
+                }
+                answer => {
+                    lists.kept(list.id());
+                    return from_wire(answer);
+                }
+            }
+        }
+        Err(CloudError::Transient(
+            "the sim server lost a node list it had just kept".into(),
+        ))
     }
 
     async fn batch<W: DeserializeOwned, T: From<W>>(
@@ -540,10 +576,11 @@ impl LoadBalancer for RemoteSim {
         service: &Service,
         nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
-        self.call::<LoadBalancerStatus, _>(CallRef::EnsureLoadBalancer {
+        self.lb_call(nodes, |nodes, list| CallRef::EnsureLoadBalancer {
             cluster,
             service,
-            nodes: WireNodes::Shared(nodes),
+            nodes,
+            list,
         })
         .await
     }
@@ -554,10 +591,11 @@ impl LoadBalancer for RemoteSim {
         service: &Service,
         nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
-        self.call::<(), _>(CallRef::UpdateLoadBalancer {
+        self.lb_call(nodes, |nodes, list| CallRef::UpdateLoadBalancer {
             cluster,
             service,
-            nodes: WireNodes::Shared(nodes),
+            nodes,
+            list,
         })
         .await
     }

@@ -6,6 +6,7 @@
 //! request, so the server's mutation log tells the writers apart.
 
 mod client;
+mod lists;
 mod server;
 mod wire;
 

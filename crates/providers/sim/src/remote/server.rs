@@ -19,6 +19,7 @@
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -35,10 +36,11 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_util::sync::CancellationToken;
 
+use super::lists::{KeptLists, ListRef};
 use super::wire::{
     ACTOR_HEADER, Call, CallCount, DeleteRouteRequest, FaultRequest, MAX_BATCH_HEADER, WireError,
-    WireEvent, WireMaybeMetadata, WireResult, WireRoutes, WireStatus, hosts_of_wire, nodes_of,
-    to_wire,
+    WireEvent, WireMaybeMetadata, WireNode, WireResult, WireRoutes, WireStatus, hosts_of_wire,
+    nodes_of, to_wire,
 };
 use crate::cloud::{InstanceSpec, SimCloud, SimError};
 use crate::faults::{Latency, Throttle};
@@ -47,6 +49,7 @@ use crate::faults::{Latency, Throttle};
 struct App {
     sim: SimCloud,
     shutdown: CancellationToken,
+    lists: Arc<KeptLists>,
 }
 
 /// Largest call body the server takes: room for a load-balancer call with 500,000 Nodes.
@@ -72,7 +75,11 @@ pub fn router(sim: SimCloud, shutdown: CancellationToken) -> Router {
         .route("/v1/load_balancers", get(load_balancers))
         .route("/v1/mutations", get(mutations))
         .route("/v1/calls", get(calls))
-        .with_state(App { sim, shutdown })
+        .with_state(App {
+            sim,
+            shutdown,
+            lists: Arc::default(),
+        })
 }
 
 /// Serves `sim` on `listener` until `shutdown` is cancelled.
@@ -170,6 +177,26 @@ fn batch<T, W: From<T>>(out: Vec<ccm_cloud::CloudResult<T>>) -> Vec<WireResult<W
     out.into_iter().map(to_wire).collect()
 }
 
+/// A load-balancer call's hosts: from the call, kept when it asks; or from a kept list.
+fn hosts(
+    lists: &KeptLists,
+    nodes: Vec<WireNode>,
+    list: Option<ListRef>,
+) -> Result<Vec<String>, WireError> {
+    match list {
+        None => Ok(hosts_of_wire(nodes)),
+        Some(ListRef::Keep(id)) => {
+            let hosts = hosts_of_wire(nodes);
+            lists.keep(id, Arc::new(hosts.clone()));
+            Ok(hosts)
+        }
+        Some(ListRef::Same(id)) => lists
+            .get(id)
+            .map(|h| h.as_ref().clone())
+            .ok_or(WireError::UnknownNodeList { id }),
+    }
+}
+
 async fn call(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
     let call: Call = match parse(&body) {
         Ok(c) => c,
@@ -195,18 +222,26 @@ async fn call(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respon
             cluster,
             service,
             nodes,
-        } => reply(
-            sim.ensure_load_balancer_hosts(&cluster, &service, hosts_of_wire(nodes))
-                .await,
-        ),
+            list,
+        } => match hosts(&app.lists, nodes, list) {
+            Ok(hosts) => reply(
+                sim.ensure_load_balancer_hosts(&cluster, &service, hosts)
+                    .await,
+            ),
+            Err(e) => json::<WireResult<()>>(&Err(e)),
+        },
         Call::UpdateLoadBalancer {
             cluster,
             service,
             nodes,
-        } => reply(
-            sim.update_load_balancer_hosts(&cluster, &service, hosts_of_wire(nodes))
-                .await,
-        ),
+            list,
+        } => match hosts(&app.lists, nodes, list) {
+            Ok(hosts) => reply(
+                sim.update_load_balancer_hosts(&cluster, &service, hosts)
+                    .await,
+            ),
+            Err(e) => json::<WireResult<()>>(&Err(e)),
+        },
         Call::EnsureLoadBalancerDeleted { cluster, service } => {
             reply(sim.ensure_load_balancer_deleted(&cluster, &service).await)
         }

@@ -12,6 +12,7 @@ use ccm_cloud::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::lists::ListRef;
 use crate::cloud::SimAddress;
 
 /// The header carrying the caller's actor identity into the mutation log.
@@ -38,6 +39,10 @@ pub(crate) enum WireError {
     },
     Permanent {
         message: String,
+    },
+    /// A load-balancer call named a node list the server does not hold: send it in full.
+    UnknownNodeList {
+        id: u64,
     },
 }
 
@@ -77,6 +82,9 @@ impl From<WireError> for CloudError {
             },
             WireError::Transient { message } => CloudError::Transient(message),
             WireError::Permanent { message } => CloudError::Permanent(message),
+            WireError::UnknownNodeList { id } => {
+                CloudError::Transient(format!("the sim server does not hold node list {id}"))
+            }
         }
     }
 }
@@ -290,12 +298,18 @@ pub(crate) enum Call {
     EnsureLoadBalancer {
         cluster: String,
         service: Box<Service>,
+        #[serde(default)]
         nodes: Vec<WireNode>,
+        #[serde(default)]
+        list: Option<ListRef>,
     },
     UpdateLoadBalancer {
         cluster: String,
         service: Box<Service>,
+        #[serde(default)]
         nodes: Vec<WireNode>,
+        #[serde(default)]
+        list: Option<ListRef>,
     },
     EnsureLoadBalancerDeleted {
         cluster: String,
@@ -458,10 +472,12 @@ pub(crate) enum CallRef<'a> {
         cluster: &'a str,
         service: &'a Service,
         nodes: WireNodes<'a>,
+        list: ListRef,
     },
     UpdateLoadBalancer {
         cluster: &'a str,
         service: &'a Service,
         nodes: WireNodes<'a>,
+        list: ListRef,
     },
 }
