@@ -13,6 +13,9 @@
 //! | `GET /v1/{instances,routes,load_balancers,mutations,calls}` | snapshots |
 //! | `GET /healthz` | `ok` |
 //!
+//! A load-balancer call carries its node list in full with `"list": {"keep": id}`, or names a
+//! list kept before with `"list": {"same": id}` (`super::lists`).
+//!
 //! Cloud errors are answers (HTTP 200); 4xx means the request itself was wrong. The
 //! `x-sim-actor` request header names the caller in the mutation log.
 
