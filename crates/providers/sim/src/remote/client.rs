@@ -206,24 +206,21 @@ impl RemoteSim {
         call: impl Fn(WireNodes<'a>, ListRef) -> CallRef<'a>,
     ) -> CloudResult<W> {
         let lists = &self.inner.lists;
-        let mut list = lists.reference(nodes);
         for _ in 0..2 {
+            let list = lists.reference(nodes).await;
             let wire = match list {
                 ListRef::Keep(_) => WireNodes::Shared(nodes),
                 ListRef::Same(_) => WireNodes::Shared(&[]),
             };
-            match self
+            let answer = self
                 .post::<_, WireResult<W>>("/v1/call", &call(wire, list))
-                .await?
-            {
-                Err(WireError::UnknownNodeList { id }) => {
-                    lists.lost(id);
-                    list = lists.reference(nodes);
-                }
-                answer => {
-                    lists.kept(list.id());
-                    return from_wire(answer);
-                }
+                .await;
+            let kept =
+                matches!(&answer, Ok(a) if !matches!(a, Err(WireError::UnknownNodeList { .. })));
+            lists.answered(list.id(), kept);
+            match answer? {
+                Err(WireError::UnknownNodeList { .. }) => {}
+                answer => return from_wire(answer),
             }
         }
         Err(CloudError::Transient(

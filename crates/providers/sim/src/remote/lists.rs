@@ -6,14 +6,17 @@
 //! CCM (3.5 GB of JSON, 30 s of its CPU) — the sim's transport, not CCM work, since a real
 //! provider receives the list in process. So the client sends a list in full once with an id
 //! for the server to keep ([`ListRef::Keep`]), and later calls with the very same list name it
-//! ([`ListRef::Same`]). A server that does not hold the id (restarted, or the list evicted)
-//! answers [`super::wire::WireError::UnknownNodeList`] and the client sends it in full again.
+//! ([`ListRef::Same`]). One call at a time carries a new list: the others that start meanwhile
+//! (a node-sync pass starts dozens at once) wait for its answer, then name it. A server that
+//! does not hold the id (restarted, or the list evicted) answers
+//! [`super::wire::WireError::UnknownNodeList`] and the client sends it in full again.
 //! Every call still reaches the sim cloud as before: call counts and the mutation log are
 //! unchanged.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use ccm_cloud::Node;
 use parking_lot::Mutex;
@@ -43,6 +46,8 @@ impl ListRef {
 pub(crate) struct SentLists {
     last: Mutex<Option<Sent>>,
     next_id: AtomicU64,
+    /// Woken when a call that carried a list is answered.
+    answered: tokio::sync::Notify,
 }
 
 struct Sent {
@@ -50,7 +55,13 @@ struct Sent {
     nodes: Vec<Arc<Node>>,
     /// The server answered a call that carried it: later calls may name it.
     kept: bool,
+    /// A call carrying it is on its way.
+    sending: bool,
 }
+
+/// How long a call waits for the answer to the call carrying its list before sending the
+/// list itself (a slow cloud must not hold every other call back).
+const FIRST_ANSWER_WAIT: Duration = Duration::from_secs(5);
 
 impl SentLists {
     /// Ids start at a value of this process and moment, so two clients of one server (two
@@ -60,44 +71,63 @@ impl SentLists {
         SentLists {
             last: Mutex::new(None),
             next_id: AtomicU64::new(seed),
+            answered: tokio::sync::Notify::new(),
         }
     }
 
-    /// How to send `nodes`: by name when the server keeps this very list, else in full.
-    pub(crate) fn reference(&self, nodes: &[Arc<Node>]) -> ListRef {
+    /// How to send `nodes`: by name when the server keeps this very list, else in full — after
+    /// waiting for a call already carrying it, if there is one. Every reference must be
+    /// followed by [`SentLists::answered`].
+    pub(crate) async fn reference(&self, nodes: &[Arc<Node>]) -> ListRef {
+        let deadline = tokio::time::Instant::now() + FIRST_ANSWER_WAIT;
+        loop {
+            let answered = self.answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            let carrier = match self.try_reference(nodes) {
+                Ok(list) => return list,
+                Err(carrier) => carrier,
+            };
+            if tokio::time::timeout_at(deadline, answered).await.is_err() {
+                return ListRef::Keep(carrier);
+            }
+        }
+    }
+
+    /// The reference, or `Err(id)` while another call carries this list as `id`.
+    fn try_reference(&self, nodes: &[Arc<Node>]) -> Result<ListRef, u64> {
         let mut last = self.last.lock();
-        if let Some(s) = last.as_ref()
+        if let Some(s) = last.as_mut()
             && s.nodes.len() == nodes.len()
             && s.nodes.iter().zip(nodes).all(|(a, b)| Arc::ptr_eq(a, b))
         {
-            return if s.kept {
-                ListRef::Same(s.id)
-            } else {
-                ListRef::Keep(s.id)
-            };
+            if s.kept {
+                return Ok(ListRef::Same(s.id));
+            }
+            if s.sending {
+                return Err(s.id);
+            }
+            s.sending = true;
+            return Ok(ListRef::Keep(s.id));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         *last = Some(Sent {
             id,
             nodes: nodes.to_vec(),
             kept: false,
+            sending: true,
         });
-        ListRef::Keep(id)
+        Ok(ListRef::Keep(id))
     }
 
-    /// The server answered a call that carried list `id`.
-    pub(crate) fn kept(&self, id: u64) {
+    /// A call referring to list `id` got its answer: the server holds the list (`kept`), or
+    /// does not (it answered that it lost it, or no answer came) and the next call sends it.
+    pub(crate) fn answered(&self, id: u64, kept: bool) {
         if let Some(s) = self.last.lock().as_mut().filter(|s| s.id == id) {
-            s.kept = true;
+            s.kept = kept;
+            s.sending = false;
         }
-    }
-
-    /// The server does not hold list `id`: the next call sends it in full.
-    pub(crate) fn lost(&self, id: u64) {
-        let mut last = self.last.lock();
-        if let Some(s) = last.as_mut().filter(|s| s.id == id) {
-            s.kept = false;
-        }
+        self.answered.notify_waiters();
     }
 }
 
@@ -134,26 +164,56 @@ mod tests {
         Arc::new(n)
     }
 
-    #[test]
-    fn a_list_is_named_only_once_the_server_kept_it_and_only_while_it_is_the_same() {
+    #[tokio::test]
+    async fn a_list_is_named_only_once_the_server_kept_it_and_only_while_it_is_the_same() {
         let sent = SentLists::new();
         let list = vec![node("a"), node("b")];
-        let first = sent.reference(&list);
+        let first = sent.reference(&list).await;
         assert!(matches!(first, ListRef::Keep(_)));
-        // Not answered yet: a concurrent call sends it in full too, under the same id.
-        assert_eq!(sent.reference(&list), first);
-        sent.kept(first.id());
-        assert_eq!(sent.reference(&list), ListRef::Same(first.id()));
+        sent.answered(first.id(), true);
+        assert_eq!(sent.reference(&list).await, ListRef::Same(first.id()));
+        sent.answered(first.id(), true);
         // Equal names, other objects (a Node changed and was copied): a new list.
         let copies = vec![node("a"), node("b")];
-        let second = sent.reference(&copies);
+        let second = sent.reference(&copies).await;
         assert!(matches!(second, ListRef::Keep(id) if id != first.id()));
-        sent.kept(second.id());
-        // The server lost it: sent in full again.
-        sent.lost(second.id());
-        assert_eq!(sent.reference(&copies), ListRef::Keep(second.id()));
+        // The server lost it: sent in full again, under its id.
+        sent.answered(second.id(), false);
+        assert_eq!(sent.reference(&copies).await, ListRef::Keep(second.id()));
+        sent.answered(second.id(), true);
         // A shorter list sharing a prefix is another list.
-        assert!(matches!(sent.reference(&copies[..1]), ListRef::Keep(id) if id != second.id()));
+        let third = sent.reference(&copies[..1]).await;
+        assert!(matches!(third, ListRef::Keep(id) if id != second.id()));
+    }
+
+    /// A node-sync pass starts many calls with one new list: one carries it, the others wait
+    /// for its answer and name it — or, if no answer comes in time, carry it themselves.
+    #[tokio::test(start_paused = true)]
+    async fn one_call_carries_a_new_list_while_the_others_wait_for_its_answer() {
+        let sent = Arc::new(SentLists::new());
+        let list = Arc::new(vec![node("a"), node("b")]);
+        let first = sent.reference(&list).await;
+        let waiting = {
+            let (sent, list) = (sent.clone(), list.clone());
+            tokio::spawn(async move { sent.reference(&list).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            !waiting.is_finished(),
+            "a second call waits for the first one's answer"
+        );
+        sent.answered(first.id(), true);
+        assert_eq!(waiting.await.expect("task"), ListRef::Same(first.id()));
+
+        let other = Arc::new(vec![node("c")]);
+        let carrier = sent.reference(&other).await;
+        let start = tokio::time::Instant::now();
+        assert_eq!(
+            sent.reference(&other).await,
+            carrier,
+            "no answer: sent in full after all"
+        );
+        assert_eq!(start.elapsed(), FIRST_ANSWER_WAIT);
     }
 
     #[test]
