@@ -215,9 +215,8 @@ impl RemoteSim {
             let answer = self
                 .post::<_, WireResult<W>>("/v1/call", &call(wire, list))
                 .await;
-            let kept =
-                matches!(&answer, Ok(a) if !matches!(a, Err(WireError::UnknownNodeList { .. })));
-            lists.answered(list.id(), kept);
+            let lost = matches!(answer, Ok(Err(WireError::UnknownNodeList { .. })));
+            lists.answered(list.id(), answer.is_ok() && !lost);
             match answer? {
                 Err(WireError::UnknownNodeList { .. }) => {}
                 answer => return from_wire(answer),

@@ -200,6 +200,20 @@ fn hosts(
     }
 }
 
+/// Answers a load-balancer call: `op` with the call's hosts, or the error that its named list
+/// is not kept here.
+async fn with_hosts<T: Serialize, F: Future<Output = ccm_cloud::CloudResult<T>>>(
+    lists: &KeptLists,
+    nodes: Vec<WireNode>,
+    list: Option<ListRef>,
+    op: impl FnOnce(Vec<String>) -> F,
+) -> Response {
+    match hosts(lists, nodes, list) {
+        Ok(hosts) => reply(op(hosts).await),
+        Err(e) => json::<WireResult<()>>(&Err(e)),
+    }
+}
+
 async fn call(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
     let call: Call = match parse(&body) {
         Ok(c) => c,
@@ -226,25 +240,23 @@ async fn call(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respon
             service,
             nodes,
             list,
-        } => match hosts(&app.lists, nodes, list) {
-            Ok(hosts) => reply(
+        } => {
+            with_hosts(&app.lists, nodes, list, |hosts| {
                 sim.ensure_load_balancer_hosts(&cluster, &service, hosts)
-                    .await,
-            ),
-            Err(e) => json::<WireResult<()>>(&Err(e)),
-        },
+            })
+            .await
+        }
         Call::UpdateLoadBalancer {
             cluster,
             service,
             nodes,
             list,
-        } => match hosts(&app.lists, nodes, list) {
-            Ok(hosts) => reply(
+        } => {
+            with_hosts(&app.lists, nodes, list, |hosts| {
                 sim.update_load_balancer_hosts(&cluster, &service, hosts)
-                    .await,
-            ),
-            Err(e) => json::<WireResult<()>>(&Err(e)),
-        },
+            })
+            .await
+        }
         Call::EnsureLoadBalancerDeleted { cluster, service } => {
             reply(sim.ensure_load_balancer_deleted(&cluster, &service).await)
         }
