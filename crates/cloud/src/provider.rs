@@ -254,11 +254,12 @@ pub trait LoadBalancer: Send + Sync + 'static {
     /// Create or update the LB and return its status (at least one ingress entry when ready).
     /// Return [`crate::CloudError::Retry`] while it is still provisioning.
     ///
-    /// `nodes` are the Nodes that back load balancers, sorted by name, with their metadata
-    /// (minus `managedFields`), spec and `status.addresses` only: the controller holds one copy
-    /// of every such Node for all Services, and at 50,000 Nodes the rest of the status (images,
-    /// capacity, conditions) was most of its memory. Shared (`Arc`, as upstream's `[]*v1.Node`):
-    /// lists built a moment apart share the Nodes that did not change. The same holds for
+    /// `nodes` are the Nodes that back load balancers, sorted by name, as the node cache holds
+    /// them: metadata (minus `managedFields`), spec, and of the status the addresses and
+    /// conditions only (the rest — images, capacity, system info — was most of a cached Node's
+    /// memory at 50,000 Nodes). Shared (`Arc`, as upstream's `[]*v1.Node`): the very objects of
+    /// the cache, so a list costs a pointer per Node and lists built a moment apart share the
+    /// Nodes that did not change. The same holds for
     /// `update_load_balancer`.
     async fn ensure_load_balancer(
         &self,

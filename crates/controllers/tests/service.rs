@@ -201,6 +201,44 @@ async fn a_service_ensured_after_a_join_gets_the_new_node() {
     env.kube.shutdown().await;
 }
 
+/// Providers get the node cache's own Nodes, not copies: while the cache is unchanged the LB
+/// list holds them (one Node in memory, however many Services). Once a Node changes in a way
+/// that moves no LB (a label), the list lets go of the old version, so it is freed: kept, every
+/// kubelet status update at rest would leave a second version of its Node behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lb_list_shares_the_cached_nodes_and_frees_a_replaced_version() {
+    let env = Env::new(47).await;
+    env.add_node("a", json!({})).await;
+    env.add_node("b", json!({})).await;
+    let (run, shared) = start_shared(&env, config());
+    let svc = env.create_lb("web").await;
+    env.wait_hosts(&svc, &["a", "b"], "both Nodes behind the LB")
+        .await;
+    let cached = shared.nodes.get("a").expect("a cached");
+    assert!(
+        Arc::strong_count(&cached) > 2,
+        "the LB list holds the cache's own Node (cache, list, this test): {} holders",
+        Arc::strong_count(&cached)
+    );
+    let old = Arc::downgrade(&cached);
+    drop(cached);
+    env.nodes()
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "web"}}})),
+        )
+        .await
+        .expect("label a");
+    wait_for("the old version of a freed", || async {
+        old.upgrade().is_none()
+    })
+    .await;
+    assert_eq!(env.lb_of(&svc).expect("lb").hosts, ["a", "b"]);
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
 /// A Node joining a quiet cluster reaches every load balancer at once, whatever the node
 /// sync window (here an hour): the window only spaces passes that changed load balancers, so
 /// a second join right after the first waits for it.

@@ -53,53 +53,24 @@ pub const CONTROLLER_NAME: &str = "service-lb-controller";
 /// Alias accepted by `--controllers` and used in `running_managed_controllers`.
 pub const CONTROLLER_ALIAS: &str = "service";
 
-/// A Node as load-balancer providers receive it: metadata, spec and addresses. The status
-/// conditions are left out: readiness does not decide LB membership (StableLoadBalancerNodeSet),
-/// no provider reads them, and a copy is reused while only conditions change, so they would be
-/// stale anyway; they were ~40 % of each copy.
-fn lb_node(node: &Node) -> Node {
-    Node {
-        metadata: node.metadata.clone(),
-        spec: node.spec.clone(),
-        status: node
-            .status
+/// Digest of what the LB node set and the providers' host lists depend on, of `nodes` sorted
+/// by name: names, providerIDs and addresses.
+fn lb_key(nodes: &[Arc<Node>]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for n in nodes {
+        n.metadata.name.hash(&mut h);
+        n.spec
             .as_ref()
-            .map(|s| k8s_openapi::api::core::v1::NodeStatus {
-                addresses: s.addresses.clone(),
-                ..Default::default()
-            }),
+            .and_then(|s| s.provider_id.as_ref())
+            .hash(&mut h);
+        if let Some(addrs) = n.status.as_ref().and_then(|s| s.addresses.as_ref()) {
+            for a in addrs {
+                (&a.type_, &a.address).hash(&mut h);
+            }
+        }
     }
-}
-
-/// The providers' copies of the LB Nodes, one per Node and version, shared by every list that
-/// holds that version: a new list (a Node joined) copies only the Nodes that changed since the
-/// last one. With a copy of every Node per list, each list still held by a provider call kept
-/// its own — at 25,000 Nodes most of the controller's memory while Services were ensured
-/// during a burst.
-#[derive(Default)]
-struct LbNodeCopies(HashMap<String, (Option<String>, Arc<Node>)>);
-
-impl LbNodeCopies {
-    /// The copies of `current` (sorted as given), made anew only for a Node whose
-    /// resourceVersion moved; copies of Nodes no longer listed are dropped.
-    fn share(&mut self, current: &[Arc<Node>]) -> Vec<Arc<Node>> {
-        let mut next = HashMap::with_capacity(current.len());
-        let list = current
-            .iter()
-            .map(|n| {
-                let name = n.metadata.name.clone().unwrap_or_default();
-                let rv = &n.metadata.resource_version;
-                let copy = match self.0.remove(&name) {
-                    Some((seen, copy)) if rv.is_some() && seen == *rv => copy,
-                    _ => Arc::new(lb_node(n)),
-                };
-                next.insert(name, (rv.clone(), copy.clone()));
-                copy
-            })
-            .collect();
-        self.0 = next;
-        list
-    }
+    h.finish()
 }
 
 /// The largest [`ServiceConfig::nodes_in_flight`]: the semaphore's permit limit.
@@ -128,9 +99,9 @@ pub struct ServiceConfig {
     /// window's end, so a burst of Node changes costs one pass per window. Default 1s.
     pub node_sync_window: Duration,
     /// How many Nodes concurrent `EnsureLoadBalancer`/`UpdateLoadBalancer` calls may hold
-    /// between them. Default 400,000. Each call holds a copy of the LB Nodes (a new one whenever
-    /// the set changed) and turns it into a request body (a host list, target registrations):
-    /// with 100 calls at once on 50,000 Nodes that was gigabytes. Up to 4,000 Nodes the default
+    /// between them. Default 400,000. Each call turns the LB Nodes into a request body (a host
+    /// list, target registrations): with 100 calls at once on 50,000 Nodes, and a copy of the
+    /// Nodes per call, that was gigabytes. Up to 4,000 Nodes the default
     /// never limits the 100 concurrent syncs; above, `budget / nodes` calls run at once (40 at
     /// 10,000 Nodes, 8 at 50,000; upstream runs one). A call with more Nodes than the budget
     /// still runs, alone.
@@ -281,7 +252,19 @@ struct KeyState {
 
 /// The LB node list with the node cache generation and the hash of what it was built from,
 /// and its set.
-type LbNodes = (u64, u64, Arc<Vec<Arc<Node>>>, Arc<NodeSet>);
+/// The last LB node list handed out: the node cache's own `Arc`s (providers get no copies).
+struct LbNodes {
+    /// The node cache's generation the list was built at.
+    generation: u64,
+    /// Digest of what decides LB membership and hosts: names, providerIDs, addresses.
+    key: u64,
+    /// Held while the node cache is unchanged since the list was built, so a burst of syncs
+    /// shares one list; once a Node changes only provider calls still using it hold it, and
+    /// the Node versions it names are freed when they end.
+    held: Option<Arc<Vec<Arc<Node>>>>,
+    list: std::sync::Weak<Vec<Arc<Node>>>,
+    set: Arc<NodeSet>,
+}
 
 struct Inner {
     shared: Shared,
@@ -297,8 +280,6 @@ struct Inner {
     /// The last LB node list handed out, shared by every Service until the set or an address
     /// changes: 200 Services × 1,000 Nodes must not mean 200 copies of every Node.
     lb_nodes_cache: Mutex<Option<LbNodes>>,
-    /// The Node copies those lists share.
-    lb_node_copies: Mutex<LbNodeCopies>,
     /// Key → UID of Services whose status the delete path cleared. Outlives the key's
     /// [`KeyState`] (which a successful delete removes) so that a following ensure does not
     /// trust a cache still showing the ingress from before the clear. Dropped when the Service
@@ -387,7 +368,6 @@ impl ServiceController {
                 node_queue,
                 state: Mutex::default(),
                 lb_nodes_cache: Mutex::default(),
-                lb_node_copies: Mutex::default(),
                 status_cleared: Mutex::default(),
                 locks: KeyLocks::default(),
                 node_budget,
@@ -490,6 +470,7 @@ impl Inner {
         mut rx: tokio::sync::mpsc::UnboundedReceiver<crate::informer::Change<Node>>,
     ) {
         while let Some(ch) = rx.recv().await {
+            self.release_stale_lb_nodes();
             let trigger = match (&ch.old, &ch.new) {
                 (Some(o), Some(n)) => should_sync_updated_node(o, n),
                 (None, None) => false,
@@ -741,20 +722,21 @@ impl Inner {
         Ok(())
     }
 
-    /// The current LB nodes (sorted by name) and their set, reused while no Node joins, leaves
-    /// or changes its providerID or addresses. While the node cache has not changed at all,
-    /// that is known without looking at the Nodes: 200 Services ensured at once on 1,000 Nodes
-    /// took 200 passes over every Node (listing, sorting, hashing: a third of the CCM's CPU in
-    /// that burst).
+    /// The current LB nodes (sorted by name) and their set. While the node cache has not
+    /// changed at all, the last list is reused without looking at the Nodes: 200 Services
+    /// ensured at once on 1,000 Nodes took 200 passes over every Node (listing, sorting,
+    /// hashing: a third of the CCM's CPU in that burst). The list holds the cache's own Nodes;
+    /// while no Node joins, leaves or changes its providerID or addresses, the set is reused too,
+    /// and so is the list itself while it names the very same Node versions.
     fn lb_nodes(&self) -> (Arc<Vec<Arc<Node>>>, Arc<NodeSet>) {
-        use std::hash::{Hash, Hasher};
         // Read before listing: a change after this point bumps it again, so the result stored
         // below is never taken for newer than the list it was built from.
         let generation = self.shared.nodes.generation();
-        if let Some((g, _, nodes, set)) = self.lb_nodes_cache.lock().as_ref()
-            && *g == generation
+        if let Some(c) = self.lb_nodes_cache.lock().as_ref()
+            && c.generation == generation
+            && let Some(list) = c.list.upgrade()
         {
-            return (nodes.clone(), set.clone());
+            return (list, c.set.clone());
         }
         let mut current: Vec<Arc<Node>> = self
             .shared
@@ -764,31 +746,42 @@ impl Inner {
             .filter(|n| node_in_lb_set(n))
             .collect();
         current.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        for n in &current {
-            n.metadata.name.hash(&mut h);
-            n.spec
-                .as_ref()
-                .and_then(|s| s.provider_id.as_ref())
-                .hash(&mut h);
-            if let Some(addrs) = n.status.as_ref().and_then(|s| s.addresses.as_ref()) {
-                for a in addrs {
-                    (&a.type_, &a.address).hash(&mut h);
-                }
-            }
-        }
-        let key = h.finish();
+        let key = lb_key(&current);
         let mut cache = self.lb_nodes_cache.lock();
-        if let Some((g, k, nodes, set)) = cache.as_mut()
-            && *k == key
+        let (list, set) = match cache.as_ref() {
+            Some(c) if c.key == key => {
+                let same = c.list.upgrade().filter(|l| {
+                    l.len() == current.len()
+                        && l.iter().zip(&current).all(|(a, b)| Arc::ptr_eq(a, b))
+                });
+                (same.unwrap_or_else(|| Arc::new(current)), c.set.clone())
+            }
+            _ => {
+                let set = Arc::new(lb_node_set(current.iter().map(|n| &**n)));
+                (Arc::new(current), set)
+            }
+        };
+        *cache = Some(LbNodes {
+            generation,
+            key,
+            held: Some(list.clone()),
+            list: Arc::downgrade(&list),
+            set: set.clone(),
+        });
+        (list, set)
+    }
+
+    /// Lets go of the last LB node list once a Node changed: kept, it would keep every Node
+    /// version it names alive beside the cache's newer ones (at rest, kubelets' status updates
+    /// would double the Nodes' memory). The next sync builds a list anew, as it must anyway to
+    /// see the change.
+    fn release_stale_lb_nodes(&self) {
+        let generation = self.shared.nodes.generation();
+        if let Some(c) = self.lb_nodes_cache.lock().as_mut()
+            && c.generation != generation
         {
-            *g = (*g).max(generation);
-            return (nodes.clone(), set.clone());
+            c.held = None;
         }
-        let nodes = Arc::new(self.lb_node_copies.lock().share(&current));
-        let set = Arc::new(lb_node_set(nodes.iter().map(|n| &**n)));
-        *cache = Some((generation, key, nodes.clone(), set.clone()));
-        (nodes, set)
     }
 
     /// Waits until a provider call with `nodes` Nodes fits in [`ServiceConfig::nodes_in_flight`].
@@ -1082,74 +1075,5 @@ impl Inner {
                 }
             })
             .await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn node(name: &str, rv: Option<&str>, ip: &str) -> Arc<Node> {
-        let mut n = Node::default();
-        n.metadata.name = Some(name.into());
-        n.metadata.resource_version = rv.map(str::to_string);
-        n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
-            addresses: Some(vec![k8s_openapi::api::core::v1::NodeAddress {
-                type_: "InternalIP".into(),
-                address: ip.into(),
-            }]),
-            ..Default::default()
-        });
-        Arc::new(n)
-    }
-
-    #[test]
-    fn lists_share_the_copies_of_nodes_that_did_not_change() {
-        let mut copies = LbNodeCopies::default();
-        let first = copies.share(&[
-            node("a", Some("1"), "10.0.0.1"),
-            node("b", Some("1"), "10.0.0.2"),
-        ]);
-        let second = copies.share(&[
-            node("a", Some("1"), "10.0.0.1"),
-            node("b", Some("2"), "10.0.0.9"),
-            node("c", Some("1"), "10.0.0.3"),
-        ]);
-        assert!(Arc::ptr_eq(&first[0], &second[0]), "unchanged a is shared");
-        assert!(!Arc::ptr_eq(&first[1], &second[1]), "b moved: a new copy");
-        let ip = |n: &Node| {
-            n.status.as_ref().unwrap().addresses.as_ref().unwrap()[0]
-                .address
-                .clone()
-        };
-        assert_eq!(ip(&second[1]), "10.0.0.9");
-        assert_eq!(
-            ip(&first[1]),
-            "10.0.0.2",
-            "a list already handed out keeps its Node"
-        );
-        // c left: its copy is no longer kept, and a Node back under the same version is
-        // copied anew only if the copy was dropped (it was).
-        let third = copies.share(&[node("a", Some("1"), "10.0.0.1")]);
-        assert_eq!(copies.0.len(), 1);
-        assert!(Arc::ptr_eq(&first[0], &third[0]));
-    }
-
-    #[test]
-    fn a_node_without_a_resource_version_is_always_copied_anew() {
-        let mut copies = LbNodeCopies::default();
-        let first = copies.share(&[node("a", None, "10.0.0.1")]);
-        let second = copies.share(&[node("a", None, "10.0.0.2")]);
-        assert!(!Arc::ptr_eq(&first[0], &second[0]));
-        let ip = second[0]
-            .status
-            .as_ref()
-            .unwrap()
-            .addresses
-            .as_ref()
-            .unwrap()[0]
-            .address
-            .clone();
-        assert_eq!(ip, "10.0.0.2");
     }
 }

@@ -14,7 +14,7 @@
 //! unchanged.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -40,9 +40,11 @@ impl ListRef {
     }
 }
 
-/// The client's side: the last list sent, held by its `Arc`s so that a list equal element by
-/// element (pointer equality, the service controller's shared copies) is known to be the same
-/// list — a held `Arc`'s address cannot be reused by another Node.
+/// The client's side: the last list sent, held by `Weak`s so that a list equal element by
+/// element (pointer equality: the service controller hands out the node cache's own Nodes) is
+/// known to be the same list. A `Weak` keeps its Node's allocation, so the address cannot be
+/// reused by another Node, but not the Node: a Node version the cache replaced is freed, all
+/// but the allocation, even while no new list has been sent.
 pub(crate) struct SentLists {
     last: Mutex<Option<Sent>>,
     next_id: AtomicU64,
@@ -52,7 +54,7 @@ pub(crate) struct SentLists {
 
 struct Sent {
     id: u64,
-    nodes: Vec<Arc<Node>>,
+    nodes: Vec<Weak<Node>>,
     /// The server answered a call that carried it: later calls may name it.
     kept: bool,
     /// A call carrying it is on its way.
@@ -99,7 +101,7 @@ impl SentLists {
         let mut last = self.last.lock();
         if let Some(s) = last.as_mut()
             && s.nodes.len() == nodes.len()
-            && s.nodes.iter().zip(nodes).all(|(a, b)| Arc::ptr_eq(a, b))
+            && s.nodes.iter().zip(nodes).all(|(a, b)| a.as_ptr() == Arc::as_ptr(b))
         {
             if s.kept {
                 return Ok(ListRef::Same(s.id));
@@ -113,7 +115,7 @@ impl SentLists {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         *last = Some(Sent {
             id,
-            nodes: nodes.to_vec(),
+            nodes: nodes.iter().map(Arc::downgrade).collect(),
             kept: false,
             sending: true,
         });
@@ -173,7 +175,7 @@ mod tests {
         sent.answered(first.id(), true);
         assert_eq!(sent.reference(&list).await, ListRef::Same(first.id()));
         sent.answered(first.id(), true);
-        // Equal names, other objects (a Node changed and was copied): a new list.
+        // Equal names, other objects (a Node changed): a new list.
         let copies = vec![node("a"), node("b")];
         let second = sent.reference(&copies).await;
         assert!(matches!(second, ListRef::Keep(id) if id != first.id()));
