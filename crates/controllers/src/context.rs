@@ -20,7 +20,9 @@ pub struct Shared {
     pub cluster_name: String,
     /// Every Node, trimmed by [`crate::informer::trim_node`].
     pub nodes: Informer<Node>,
-    /// Every Service, trimmed by [`crate::informer::trim_service`].
+    /// The Services the service controller has business with
+    /// ([`crate::informer::concerns_service_controller`]), trimmed by
+    /// [`crate::informer::trim_service`].
     pub services: Informer<Service>,
     /// Workqueue metrics shared by every queue of the process.
     pub queue_metrics: QueueMetrics,
@@ -38,7 +40,10 @@ impl Shared {
             provider,
             cluster_name: cluster_name.into(),
             nodes: Informer::with_transform(crate::informer::trim_node),
-            services: Informer::with_transform(crate::informer::trim_service),
+            services: Informer::with_transform_keeping(
+                crate::informer::trim_service,
+                crate::informer::concerns_service_controller,
+            ),
             queue_metrics: QueueMetrics::default(),
             routed: RoutedNodes::default(),
             event_client: None,

@@ -53,6 +53,7 @@ pub fn object_key<K: Resource>(obj: &K) -> String {
 }
 
 type Transform<K> = Arc<dyn Fn(&mut K) + Send + Sync>;
+type Keep<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
 
 struct Inner<K> {
     store: RwLock<HashMap<String, Arc<K>>>,
@@ -61,6 +62,7 @@ struct Inner<K> {
     subscribers: Mutex<Vec<mpsc::UnboundedSender<Change<K>>>>,
     ready: watch::Sender<bool>,
     transform: Transform<K>,
+    keep: Keep<K>,
 }
 
 /// A shared cache of one resource kind with change fan-out.
@@ -99,6 +101,18 @@ where
     /// An empty cache applying `transform` to each object before storing it (to drop fields no
     /// controller reads).
     pub fn with_transform(transform: impl Fn(&mut K) + Send + Sync + 'static) -> Self {
+        Self::with_transform_keeping(transform, |_| true)
+    }
+
+    /// [`Informer::with_transform`], caching only the objects `keep` accepts (after the
+    /// transform): most of a cluster's Services are of no concern to any controller, and even
+    /// trimmed each cost a kilobyte. An object that stops being kept leaves the cache, and its
+    /// subscribers see it as an update (`old` cached, `new` the object as it now is): it still
+    /// exists. One that was never kept is never seen.
+    pub fn with_transform_keeping(
+        transform: impl Fn(&mut K) + Send + Sync + 'static,
+        keep: impl Fn(&K) -> bool + Send + Sync + 'static,
+    ) -> Self {
         Informer {
             inner: Arc::new(Inner {
                 store: RwLock::default(),
@@ -106,6 +120,7 @@ where
                 subscribers: Mutex::default(),
                 ready: watch::channel(false).0,
                 transform: Arc::new(transform),
+                keep: Arc::new(keep),
             }),
         }
     }
@@ -185,8 +200,19 @@ where
     pub fn apply(&self, mut obj: K) {
         (self.inner.transform)(&mut obj);
         let key = object_key(&obj);
+        let keep = (self.inner.keep)(&obj);
         let new = Arc::new(obj);
         let mut store = self.inner.store.write();
+        if !keep {
+            if let Some(old) = store.remove(&key) {
+                self.bump();
+                self.notify(Change {
+                    old: Some(old),
+                    new: Some(new),
+                });
+            }
+            return;
+        }
         let old = store.insert(key, new.clone());
         // Unchanged resourceVersion (a re-list of the same object) is not a change.
         if let Some(o) = &old
@@ -225,10 +251,12 @@ where
         self.replace_trimmed(fresh);
     }
 
-    /// Adds `obj` to a fresh list after the transform.
+    /// Adds `obj` to a fresh list after the transform, if it is kept.
     fn insert_trimmed(&self, fresh: &mut HashMap<String, Arc<K>>, mut obj: K) {
         (self.inner.transform)(&mut obj);
-        fresh.insert(object_key(&obj), Arc::new(obj));
+        if (self.inner.keep)(&obj) {
+            fresh.insert(object_key(&obj), Arc::new(obj));
+        }
     }
 
     /// [`Informer::replace`] with a list already transformed and keyed.
@@ -332,19 +360,15 @@ pub fn trim_node(node: &mut k8s_openapi::api::core::v1::Node) {
 /// were half of the cache at 50,000 Services. Nothing reads the dropped parts: such a Service
 /// is never synced, and when it becomes a LoadBalancer the update carries the whole object.
 pub fn trim_service(svc: &mut k8s_openapi::api::core::v1::Service) {
-    use crate::service::planner::{current_status, has_finalizer};
     use k8s_openapi::api::core::v1::ServiceSpec;
     svc.metadata.managed_fields = None;
     if let Some(annotations) = svc.metadata.annotations.as_mut() {
         annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
-    let type_ = svc.spec.as_ref().and_then(|s| s.type_.clone());
-    let has_ingress = current_status(svc)
-        .and_then(|l| l.ingress.as_ref())
-        .is_some_and(|i| !i.is_empty());
-    if type_.as_deref() == Some("LoadBalancer") || has_finalizer(svc) || has_ingress {
+    if concerns_service_controller(svc) {
         return;
     }
+    let type_ = svc.spec.as_ref().and_then(|s| s.type_.clone());
     let meta = &mut svc.metadata;
     (meta.labels, meta.annotations, meta.owner_references) = (None, None, None);
     svc.spec = Some(ServiceSpec {
@@ -352,6 +376,17 @@ pub fn trim_service(svc: &mut k8s_openapi::api::core::v1::Service) {
         ..Default::default()
     });
     svc.status = None;
+}
+
+/// Whether the service controller has business with `svc`: `type: LoadBalancer`, or carrying
+/// its finalizer or a load-balancer ingress (an LB to clean up). Only such Services are cached.
+pub fn concerns_service_controller(svc: &k8s_openapi::api::core::v1::Service) -> bool {
+    use crate::service::planner::{current_status, has_finalizer};
+    let has_ingress = current_status(svc)
+        .and_then(|l| l.ingress.as_ref())
+        .is_some_and(|i| !i.is_empty());
+    let type_ = svc.spec.as_ref().and_then(|s| s.type_.as_deref());
+    type_ == Some("LoadBalancer") || has_finalizer(svc) || has_ingress
 }
 
 /// The name of an object, empty if unset.
@@ -523,5 +558,54 @@ mod tests {
         assert!(svc.metadata.annotations.is_none() && svc.metadata.labels.is_none());
         assert!(svc.spec.as_ref().is_some_and(|s| s.ports.is_none()));
         assert!(svc.status.is_none());
+    }
+
+    fn services_cache() -> Informer<k8s_openapi::api::core::v1::Service> {
+        Informer::with_transform_keeping(trim_service, concerns_service_controller)
+    }
+
+    fn with_rv(
+        mut svc: k8s_openapi::api::core::v1::Service,
+        rv: &str,
+    ) -> k8s_openapi::api::core::v1::Service {
+        svc.metadata.resource_version = Some(rv.into());
+        svc
+    }
+
+    /// Most of a cluster's Services are ClusterIP: none is cached or announced, and a load
+    /// balancer that turns ClusterIP leaves the cache as an update, so its LB gets cleaned up.
+    #[test]
+    fn only_services_the_controller_acts_on_are_cached() {
+        let cache = services_cache();
+        let mut rx = cache.subscribe();
+        cache.apply(service("ClusterIP", false, false));
+        assert!(
+            cache.is_empty() && rx.try_recv().is_err(),
+            "ClusterIP: nothing"
+        );
+        cache.apply(with_rv(service("LoadBalancer", false, false), "4"));
+        assert_eq!(cache.len(), 1);
+        let add = rx.try_recv().expect("add");
+        assert!(add.old.is_none() && add.new.is_some());
+        cache.apply(with_rv(service("ClusterIP", false, false), "5"));
+        assert!(cache.get("default/web").is_none(), "no longer cached");
+        let left = rx.try_recv().expect("update");
+        let type_of = |s: &Option<Arc<k8s_openapi::api::core::v1::Service>>| {
+            s.as_ref()
+                .and_then(|s| s.spec.as_ref())
+                .and_then(|s| s.type_.clone())
+        };
+        assert_eq!(type_of(&left.old).as_deref(), Some("LoadBalancer"));
+        assert_eq!(type_of(&left.new).as_deref(), Some("ClusterIP"));
+        cache.apply(with_rv(service("ClusterIP", false, false), "6"));
+        assert!(
+            rx.try_recv().is_err(),
+            "an uncached Service's changes are not announced"
+        );
+        // A re-list keeps only what concerns the controller: a finalizer still does.
+        let mut db = service("NodePort", false, false);
+        db.metadata.name = Some("db".into());
+        cache.replace(vec![with_rv(service("ClusterIP", true, false), "7"), db]);
+        assert!(cache.get("default/web").is_some() && cache.get("default/db").is_none());
     }
 }

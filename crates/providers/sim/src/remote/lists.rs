@@ -14,8 +14,8 @@
 //! unchanged.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Weak};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use ccm_cloud::Node;
@@ -101,7 +101,10 @@ impl SentLists {
         let mut last = self.last.lock();
         if let Some(s) = last.as_mut()
             && s.nodes.len() == nodes.len()
-            && s.nodes.iter().zip(nodes).all(|(a, b)| a.as_ptr() == Arc::as_ptr(b))
+            && s.nodes
+                .iter()
+                .zip(nodes)
+                .all(|(a, b)| a.as_ptr() == Arc::as_ptr(b))
         {
             if s.kept {
                 return Ok(ListRef::Same(s.id));
