@@ -36,9 +36,11 @@ impl KnownRoutes {
         if planner::is_responsible(&r, cidrs) {
             self.managed += 1;
         }
+        // Room for one: a Node has one route per pod CIDR, mostly one (an empty Vec's first
+        // push makes room for four).
         self.by_node
             .entry(r.target_node.clone())
-            .or_default()
+            .or_insert_with(|| Vec::with_capacity(1))
             .push(known_route(r));
     }
 
