@@ -14,6 +14,7 @@
 
 pub mod planner;
 
+mod lb_nodes;
 mod locks;
 
 use std::collections::HashMap;
@@ -41,9 +42,8 @@ use crate::queue::{Backoff, WorkQueue};
 use self::locks::KeyLocks;
 use self::planner::{
     LOAD_BALANCER_CLEANUP_FINALIZER, NodeSet, Requeue, SyncPlan, current_status, has_finalizer,
-    ingress_equal, lb_node_set, must_delete_stale_lb, node_in_lb_set, node_set_changed, plan_sync,
-    requeue_for, should_enqueue_service, should_sync_updated_node, update_failed_message,
-    wants_load_balancer,
+    ingress_equal, must_delete_stale_lb, node_set_changed, plan_sync, requeue_for,
+    should_enqueue_service, should_sync_updated_node, update_failed_message, wants_load_balancer,
 };
 
 /// Upstream event source (`source.component`) of this controller.
@@ -52,26 +52,6 @@ pub const EVENT_SOURCE: &str = "service-controller";
 pub const CONTROLLER_NAME: &str = "service-lb-controller";
 /// Alias accepted by `--controllers` and used in `running_managed_controllers`.
 pub const CONTROLLER_ALIAS: &str = "service";
-
-/// Digest of what the LB node set and the providers' host lists depend on, of `nodes` sorted
-/// by name: names, providerIDs and addresses.
-fn lb_key(nodes: &[Arc<Node>]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    for n in nodes {
-        n.metadata.name.hash(&mut h);
-        n.spec
-            .as_ref()
-            .and_then(|s| s.provider_id.as_ref())
-            .hash(&mut h);
-        if let Some(addrs) = n.status.as_ref().and_then(|s| s.addresses.as_ref()) {
-            for a in addrs {
-                (&a.type_, &a.address).hash(&mut h);
-            }
-        }
-    }
-    h.finish()
-}
 
 /// The largest [`ServiceConfig::nodes_in_flight`]: the semaphore's permit limit.
 const MAX_NODES_IN_FLIGHT: usize = 1 << 28;
@@ -252,20 +232,6 @@ struct KeyState {
 
 /// The LB node list with the node cache generation and the hash of what it was built from,
 /// and its set.
-/// The last LB node list handed out: the node cache's own `Arc`s (providers get no copies).
-struct LbNodes {
-    /// The node cache's generation the list was built at.
-    generation: u64,
-    /// Digest of what decides LB membership and hosts: names, providerIDs, addresses.
-    key: u64,
-    /// Held while the node cache is unchanged since the list was built, so a burst of syncs
-    /// shares one list; once a Node changes only provider calls still using it hold it, and
-    /// the Node versions it names are freed when they end.
-    held: Option<Arc<Vec<Arc<Node>>>>,
-    list: std::sync::Weak<Vec<Arc<Node>>>,
-    set: Arc<NodeSet>,
-}
-
 struct Inner {
     shared: Shared,
     lb: Arc<dyn LoadBalancer>,
@@ -277,9 +243,9 @@ struct Inner {
     queue: WorkQueue<String>,
     node_queue: WorkQueue<String>,
     state: Mutex<HashMap<String, KeyState>>,
-    /// The last LB node list handed out, shared by every Service until the set or an address
-    /// changes: 200 Services × 1,000 Nodes must not mean 200 copies of every Node.
-    lb_nodes_cache: Mutex<Option<LbNodes>>,
+    /// The Nodes that back load balancers and the last list handed out, shared by every
+    /// Service until a Node changes: 200 Services × 1,000 Nodes must not mean 200 lists.
+    lb_nodes: Mutex<lb_nodes::LbNodes>,
     /// Key → UID of Services whose status the delete path cleared. Outlives the key's
     /// [`KeyState`] (which a successful delete removes) so that a following ensure does not
     /// trust a cache still showing the ingress from before the clear. Dropped when the Service
@@ -367,7 +333,7 @@ impl ServiceController {
                 queue,
                 node_queue,
                 state: Mutex::default(),
-                lb_nodes_cache: Mutex::default(),
+                lb_nodes: Mutex::default(),
                 status_cleared: Mutex::default(),
                 locks: KeyLocks::default(),
                 node_budget,
@@ -407,8 +373,13 @@ impl Inner {
             workers = self.config.concurrent_service_syncs,
             "starting service controller"
         );
+        // The cached Nodes arrive first, as adds, already queued: indexed before any sync runs,
+        // so no Service is ensured with a partial list of hosts.
+        let mut node_rx = self.shared.nodes.subscribe();
+        while let Ok(ch) = node_rx.try_recv() {
+            self.lb_nodes.lock().apply(ch.old.as_ref(), ch.new.as_ref());
+        }
         let service_rx = self.shared.services.subscribe();
-        let node_rx = self.shared.nodes.subscribe();
         let workers = futures::future::join_all(
             (0..self.config.concurrent_service_syncs).map(|_| self.service_worker()),
         );
@@ -470,7 +441,7 @@ impl Inner {
         mut rx: tokio::sync::mpsc::UnboundedReceiver<crate::informer::Change<Node>>,
     ) {
         while let Some(ch) = rx.recv().await {
-            self.release_stale_lb_nodes();
+            self.lb_nodes.lock().apply(ch.old.as_ref(), ch.new.as_ref());
             let trigger = match (&ch.old, &ch.new) {
                 (Some(o), Some(n)) => should_sync_updated_node(o, n),
                 (None, None) => false,
@@ -722,66 +693,9 @@ impl Inner {
         Ok(())
     }
 
-    /// The current LB nodes (sorted by name) and their set. While the node cache has not
-    /// changed at all, the last list is reused without looking at the Nodes: 200 Services
-    /// ensured at once on 1,000 Nodes took 200 passes over every Node (listing, sorting,
-    /// hashing: a third of the CCM's CPU in that burst). The list holds the cache's own Nodes;
-    /// while no Node joins, leaves or changes its providerID or addresses, the set is reused too,
-    /// and so is the list itself while it names the very same Node versions.
+    /// The current LB nodes (sorted by name) and their set: the node cache's own Nodes.
     fn lb_nodes(&self) -> (Arc<Vec<Arc<Node>>>, Arc<NodeSet>) {
-        // Read before listing: a change after this point bumps it again, so the result stored
-        // below is never taken for newer than the list it was built from.
-        let generation = self.shared.nodes.generation();
-        if let Some(c) = self.lb_nodes_cache.lock().as_ref()
-            && c.generation == generation
-            && let Some(list) = c.list.upgrade()
-        {
-            return (list, c.set.clone());
-        }
-        let mut current: Vec<Arc<Node>> = self
-            .shared
-            .nodes
-            .list()
-            .into_iter()
-            .filter(|n| node_in_lb_set(n))
-            .collect();
-        current.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        let key = lb_key(&current);
-        let mut cache = self.lb_nodes_cache.lock();
-        let (list, set) = match cache.as_ref() {
-            Some(c) if c.key == key => {
-                let same = c.list.upgrade().filter(|l| {
-                    l.len() == current.len()
-                        && l.iter().zip(&current).all(|(a, b)| Arc::ptr_eq(a, b))
-                });
-                (same.unwrap_or_else(|| Arc::new(current)), c.set.clone())
-            }
-            _ => {
-                let set = Arc::new(lb_node_set(current.iter().map(|n| &**n)));
-                (Arc::new(current), set)
-            }
-        };
-        *cache = Some(LbNodes {
-            generation,
-            key,
-            held: Some(list.clone()),
-            list: Arc::downgrade(&list),
-            set: set.clone(),
-        });
-        (list, set)
-    }
-
-    /// Lets go of the last LB node list once a Node changed: kept, it would keep every Node
-    /// version it names alive beside the cache's newer ones (at rest, kubelets' status updates
-    /// would double the Nodes' memory). The next sync builds a list anew, as it must anyway to
-    /// see the change.
-    fn release_stale_lb_nodes(&self) {
-        let generation = self.shared.nodes.generation();
-        if let Some(c) = self.lb_nodes_cache.lock().as_mut()
-            && c.generation != generation
-        {
-            c.held = None;
-        }
+        self.lb_nodes.lock().current()
     }
 
     /// Waits until a provider call with `nodes` Nodes fits in [`ServiceConfig::nodes_in_flight`].
