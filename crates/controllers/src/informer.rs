@@ -57,8 +57,6 @@ type Keep<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
 
 struct Inner<K> {
     store: RwLock<HashMap<String, Arc<K>>>,
-    /// Bumped under the store's write lock by every change (see [`Informer::generation`]).
-    generation: std::sync::atomic::AtomicU64,
     subscribers: Mutex<Vec<mpsc::UnboundedSender<Change<K>>>>,
     ready: watch::Sender<bool>,
     transform: Transform<K>,
@@ -116,7 +114,6 @@ where
         Informer {
             inner: Arc::new(Inner {
                 store: RwLock::default(),
-                generation: std::sync::atomic::AtomicU64::new(0),
                 subscribers: Mutex::default(),
                 ready: watch::channel(false).0,
                 transform: Arc::new(transform),
@@ -150,21 +147,6 @@ where
     /// Every cached object.
     pub fn list(&self) -> Vec<Arc<K>> {
         self.inner.store.read().values().cloned().collect()
-    }
-
-    /// A number that changes whenever the cache does: a value derived from the whole cache
-    /// (the service controller's LB node list) is still current while it is unchanged, and
-    /// need not be recomputed per use.
-    pub fn generation(&self) -> u64 {
-        self.inner
-            .generation
-            .load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    fn bump(&self) {
-        self.inner
-            .generation
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// Number of cached objects.
@@ -205,7 +187,6 @@ where
         let mut store = self.inner.store.write();
         if !keep {
             if let Some(old) = store.remove(&key) {
-                self.bump();
                 self.notify(Change {
                     old: Some(old),
                     new: Some(new),
@@ -221,7 +202,6 @@ where
         {
             return;
         }
-        self.bump();
         self.notify(Change {
             old,
             new: Some(new),
@@ -233,7 +213,6 @@ where
         let key = object_key(obj);
         let mut store = self.inner.store.write();
         if let Some(old) = store.remove(&key) {
-            self.bump();
             self.notify(Change {
                 old: Some(old),
                 new: None,
@@ -285,7 +264,6 @@ where
             }
         }
         *store = fresh;
-        self.bump();
         drop(store);
         self.inner.ready.send_replace(true);
     }
@@ -398,38 +376,6 @@ pub fn name_of<K: Resource>(obj: &K) -> String {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Node;
-
-    fn node(name: &str, rv: &str) -> Node {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "resourceVersion": rv},
-        }))
-        .expect("node")
-    }
-
-    #[test]
-    fn generation_changes_with_every_change_and_only_then() {
-        let cache: Informer<Node> = Informer::new();
-        let g0 = cache.generation();
-        cache.apply(node("a", "1"));
-        let g1 = cache.generation();
-        assert_ne!(g1, g0, "an add");
-        cache.apply(node("a", "1"));
-        assert_eq!(
-            cache.generation(),
-            g1,
-            "the same resourceVersion again is no change"
-        );
-        cache.apply(node("a", "2"));
-        let g2 = cache.generation();
-        assert_ne!(g2, g1, "an update");
-        cache.delete(&node("a", "2"));
-        let g3 = cache.generation();
-        assert_ne!(g3, g2, "a delete");
-        cache.delete(&node("a", "2"));
-        assert_eq!(cache.generation(), g3, "deleting what is gone is no change");
-        cache.replace(vec![node("b", "3")]);
-        assert_ne!(cache.generation(), g3, "a re-list");
-    }
 
     /// A Node as a kubelet registers it on a real cluster (abridged from `kubectl get node -o
     /// json`): the parts no controller reads are most of it.

@@ -111,7 +111,8 @@ impl From<WireNode> for SlimNode {
 
 /// A decoded list without the room it grew into: serde fills a `Vec` by pushing (JSON gives no
 /// length), so a Node's five conditions sat in room for eight and its one pod CIDR in room for
-/// four — a quarter of a cached Node's heap (heaptrack, 10,000 Nodes).
+/// four. The lists' buffers were a quarter of the cached Nodes' heap (heaptrack, 10,000 Nodes),
+/// much of it that unused room.
 fn tight<T>(list: Option<Vec<T>>) -> Option<Vec<T>> {
     list.map(|mut l| {
         l.shrink_to_fit();

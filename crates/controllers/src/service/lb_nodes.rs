@@ -88,8 +88,11 @@ impl LbNodes {
 
 /// Whether two versions of a Node give a provider the same host: providerID and addresses.
 fn same_host(a: &Node, b: &Node) -> bool {
-    let addresses = |n: &Node| n.status.as_ref().and_then(|s| s.addresses.clone());
     ccm_cloud::node_provider_id(a) == ccm_cloud::node_provider_id(b) && addresses(a) == addresses(b)
+}
+
+fn addresses(n: &Node) -> Option<&Vec<k8s_openapi::api::core::v1::NodeAddress>> {
+    n.status.as_ref().and_then(|s| s.addresses.as_ref())
 }
 
 #[cfg(test)]

@@ -230,8 +230,6 @@ struct KeyState {
     written_status: Option<Option<LoadBalancerStatus>>,
 }
 
-/// The LB node list with the node cache generation and the hash of what it was built from,
-/// and its set.
 struct Inner {
     shared: Shared,
     lb: Arc<dyn LoadBalancer>,
