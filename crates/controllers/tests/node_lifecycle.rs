@@ -67,6 +67,44 @@ async fn ready_nodes_never_cost_a_cloud_call() {
     env.shutdown.cancel();
 }
 
+/// A round looks at the Nodes that are NotReady or still carry the shutdown taint, never at
+/// the healthy rest: the cluster's size costs nothing per round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_looks_only_at_nodes_that_are_not_ready() {
+    let env = Env::start(SimOptions::default(), false).await;
+    for i in 0..40 {
+        node_with_instance(&env, &format!("ready-{i}"), "True").await;
+    }
+    node_with_instance(&env, "sick", "False").await;
+    let h = start(&env, fast());
+    wait_for("cache", || async { env.shared.nodes.len() == 41 }).await;
+    wait_rounds(&h, 5).await;
+    let (rounds, examined) = (h.rounds(), h.nodes_examined());
+    // (A round counts its Nodes when it starts and itself when it ends: one round of slack.)
+    assert!(
+        examined <= rounds + 1,
+        "{examined} Nodes examined in {rounds} rounds: only the NotReady one should be"
+    );
+
+    // A Node turning NotReady joins the rounds; turning Ready again, it leaves them.
+    env.set_ready("ready-7", "False").await;
+    wait_for("two examined per round", || async {
+        let (r, e) = (h.rounds(), h.nodes_examined());
+        wait_rounds(&h, 4).await;
+        h.nodes_examined() - e >= 2 * (h.rounds() - r) - 2
+    })
+    .await;
+    env.set_ready("ready-7", "True").await;
+    env.set_ready("sick", "True").await;
+    wait_for("none examined", || async {
+        let e = h.nodes_examined();
+        wait_rounds(&h, 3).await;
+        h.nodes_examined() == e
+    })
+    .await;
+    env.shutdown.cancel();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_deletes_gone_nodes_taints_stopped_ones_and_untaints_ready_ones() {
     let env = Env::start(SimOptions::default(), false).await;

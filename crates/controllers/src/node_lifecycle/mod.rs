@@ -2,16 +2,18 @@
 //! `cloud-node-lifecycle`): deletes Nodes whose instance is gone and taints Nodes whose instance
 //! is shut down.
 //!
-//! Every `node_monitor_period` the cached Nodes are scanned: Ready Nodes lose the shutdown
-//! taint (no cloud call, ever); NotReady Nodes are checked with **one**
-//! [`ccm_cloud::Instances::instances_status`] call per batch. When the provider offers
+//! Every `node_monitor_period` the Nodes that need a look are looked at: Ready Nodes lose the
+//! shutdown taint (no cloud call, ever); NotReady Nodes are checked with **one**
+//! [`ccm_cloud::Instances::instances_status`] call per batch. Which Nodes need a look (NotReady,
+//! or Ready with the shutdown taint) is kept up to date from the node changes, so a round costs
+//! what is wrong in the cluster, not its size: upstream lists every Node every period. When the provider offers
 //! [`ccm_cloud::Instances::instance_events`], a stopped or terminated instance is acted on as
 //! soon as its Node is NotReady, and the cloud check of NotReady Nodes only runs every
 //! `event_driven_resync_period` as a safety net.
 
 pub mod planner;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -70,6 +72,7 @@ impl Default for NodeLifecycleConfig {
 #[derive(Default)]
 struct Stats {
     rounds: AtomicU64,
+    examined: AtomicU64,
     waiting: AtomicUsize,
     busy: AtomicUsize,
 }
@@ -90,6 +93,36 @@ impl NodeLifecycleHandle {
     /// Monitor rounds completed so far.
     pub fn rounds(&self) -> u64 {
         self.stats.rounds.load(Ordering::SeqCst)
+    }
+
+    /// Nodes the monitor rounds have looked at, over all rounds: only NotReady Nodes and Ready
+    /// ones still carrying the shutdown taint, so a healthy cluster of any size adds nothing.
+    pub fn nodes_examined(&self) -> u64 {
+        self.stats.examined.load(Ordering::SeqCst)
+    }
+}
+
+/// The Nodes a monitor round must look at — NotReady, or Ready with the shutdown taint — by
+/// name, kept from the node cache's changes (whose first changes are every cached Node).
+#[derive(Debug, Default)]
+struct Suspects(HashSet<String>);
+
+impl Suspects {
+    fn apply(&mut self, change: &Change<Node>) {
+        match (&change.old, &change.new) {
+            (_, Some(new)) => {
+                let name = ccm_cloud::node_name(new);
+                if planner::plan_local(new) == LocalAction::Nothing {
+                    self.0.remove(name);
+                } else if !self.0.contains(name) {
+                    self.0.insert(name.to_string());
+                }
+            }
+            (Some(old), None) => {
+                self.0.remove(ccm_cloud::node_name(old));
+            }
+            (None, None) => {}
+        }
     }
 }
 
@@ -173,6 +206,10 @@ impl NodeLifecycleController {
             "starting cloud-node-lifecycle-controller"
         );
         let mut changes = self.shared.nodes.subscribe();
+        let mut suspects = Suspects::default();
+        while let Ok(change) = changes.try_recv() {
+            suspects.apply(&change);
+        }
         let mut waiting: HashMap<String, InstanceEventKind> = HashMap::new();
         let mut next_round = Instant::now();
         let mut last_cloud_check: Option<Instant> = None;
@@ -184,7 +221,12 @@ impl NodeLifecycleController {
                     if cloud_due {
                         last_cloud_check = Some(Instant::now());
                     }
-                    self.monitor(cloud_due).await;
+                    // What the cache already holds counts: changes not yet received first.
+                    while let Ok(change) = changes.try_recv() {
+                        suspects.apply(&change);
+                        self.on_change(change, &mut waiting).await;
+                    }
+                    self.monitor(cloud_due, &suspects).await;
                     self.stats.rounds.fetch_add(1, Ordering::SeqCst);
                     // Sliding period, as upstream's wait.Until.
                     next_round = Instant::now() + self.config.node_monitor_period;
@@ -197,18 +239,24 @@ impl NodeLifecycleController {
                         cloud_period = self.config.node_monitor_period;
                     }
                 },
-                Some(change) = changes.recv() => self.on_change(change, &mut waiting).await,
+                Some(change) = changes.recv() => {
+                    suspects.apply(&change);
+                    self.on_change(change, &mut waiting).await
+                }
             }
             self.stats.waiting.store(waiting.len(), Ordering::SeqCst);
         }
     }
 
-    /// One `MonitorNodes` round over the cache.
-    async fn monitor(&self, cloud_due: bool) {
+    /// One `MonitorNodes` round over the suspect Nodes, as cached now.
+    async fn monitor(&self, cloud_due: bool, suspects: &Suspects) {
         self.stats.busy.fetch_add(1, Ordering::SeqCst);
+        self.stats
+            .examined
+            .fetch_add(suspects.0.len() as u64, Ordering::SeqCst);
         let mut check = Vec::new();
         let mut untaint = Vec::new();
-        for node in self.shared.nodes.list() {
+        for node in suspects.0.iter().filter_map(|n| self.shared.nodes.get(n)) {
             match planner::plan_local(&node) {
                 LocalAction::Nothing => {}
                 LocalAction::RemoveShutdownTaint => untaint.push(node),
