@@ -383,6 +383,67 @@ async fn a_join_is_planned_over_the_joining_node_only() {
     env.kube.shutdown().await;
 }
 
+/// The listings that follow changes cost what changed too: the confirming listing after a
+/// join plans over the joining Node again (and any Node whose routes it shows changed), and a
+/// deleted Node's listing plans over no Node at all — 60 Nodes or 50,000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_after_changes_plan_over_what_changed() {
+    let env = Env::new(15).await;
+    let nodes: Vec<(String, String)> = (1..=60)
+        .map(|i| (format!("n{i:02}"), format!("10.244.{i}.0/24")))
+        .collect();
+    for (n, c) in &nodes {
+        env.add_node(n, &[c.as_str()]).await;
+    }
+    let mut cfg = config(RouteMode::Watch);
+    cfg.confirm_delay = Duration::from_millis(200);
+    let run = start(&env, cfg);
+    let expected: Vec<(&str, &str)> = nodes
+        .iter()
+        .map(|(n, c)| (n.as_str(), c.as_str()))
+        .collect();
+    wait_converged(&env, &run, &expected).await;
+    let planned = run.handle.nodes_planned();
+    let lists = env.metrics.count(op::LIST_ROUTES);
+
+    // n07's route vanishes behind the controller's back; a Node joins.
+    assert!(env.cloud.delete_route_out_of_band(CLUSTER, "10.244.7.0/24"));
+    env.add_node("joiner", &["10.244.200.0/24"]).await;
+    wait_converged(&env, &run, &[("joiner", "10.244.200.0/24")]).await;
+    wait_for("the confirming listing", || async {
+        env.metrics.count(op::LIST_ROUTES) > lists && run.handle.pending() == 0
+    })
+    .await;
+    wait_converged(&env, &run, &[("n07", "10.244.7.0/24")]).await;
+    assert_eq!(env.metrics.count(op::LIST_ROUTES), lists + 1);
+    assert_eq!(
+        run.handle.nodes_planned() - planned,
+        3,
+        "the joiner (fast path, then its confirmation) and n07 (whose route the listing showed gone)"
+    );
+    assert_eq!(env.routes().len(), 61);
+    assert!(run.handle.routed_nodes().is_some_and(|r| r.len() == 61));
+
+    let planned = run.handle.nodes_planned();
+    env.nodes()
+        .delete("n30", &DeleteParams::default())
+        .await
+        .expect("delete node");
+    wait_for("the deleted Node's route deleted", || async {
+        !env.has_route("n30", "10.244.30.0/24") && run.handle.pending() == 0
+    })
+    .await;
+    assert_eq!(run.handle.nodes_planned(), planned, "no Node planned");
+    assert_eq!(env.routes().len(), 60);
+    assert!(
+        run.handle
+            .routed_nodes()
+            .is_some_and(|r| r.len() == 60 && !r.contains("n30"))
+    );
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
 /// While the cloud-node controller folds the condition of Nodes it initializes, uninitialized
 /// Nodes routed by an earlier sync still lack it; that is no reason to list: a second joining
 /// Node is created from the known listing too.

@@ -70,10 +70,48 @@ impl KnownRoutes {
             .collect()
     }
 
+    /// The target Nodes whose routes here differ from those in `other` (either way), names
+    /// aside: a route this controller created is known by the name it asked for, listed by
+    /// the cloud's.
+    pub(crate) fn differing_nodes(&self, other: &KnownRoutes) -> Vec<String> {
+        let differs = |node: &str, routes: &[Route], others: &KnownRoutes| {
+            others
+                .by_node
+                .get(node)
+                .is_none_or(|theirs| !same_routes(routes, theirs))
+        };
+        let mut out: Vec<String> = self
+            .by_node
+            .iter()
+            .filter(|(node, routes)| differs(node, routes, other))
+            .map(|(node, _)| node.clone())
+            .collect();
+        out.extend(
+            other
+                .by_node
+                .keys()
+                .filter(|node| !self.by_node.contains_key(*node))
+                .cloned(),
+        );
+        out
+    }
+
     /// How many known routes lie inside the cluster CIDRs.
     pub(crate) fn managed(&self) -> i64 {
         self.managed
     }
+}
+
+/// Whether two lists of one Node's routes hold the same routes in any order, names aside
+/// (a Node has one or two).
+fn same_routes(a: &[Route], b: &[Route]) -> bool {
+    let same = |x: &Route, y: &Route| {
+        x.destination_cidr == y.destination_cidr
+            && x.blackhole == y.blackhole
+            && x.enable_node_addresses == y.enable_node_addresses
+            && x.target_node_addresses == y.target_node_addresses
+    };
+    a.len() == b.len() && a.iter().all(|x| b.iter().any(|y| same(x, y)))
 }
 
 /// A route as the known listing keeps it: what the planner reads. Addresses only matter for
@@ -122,5 +160,41 @@ mod tests {
             2,
             "removing an unknown route changes nothing"
         );
+    }
+
+    #[test]
+    fn differing_nodes_are_those_whose_routes_changed_names_aside() {
+        let cidrs = ["10.0.0.0/16".parse().unwrap()];
+        let mut known = KnownRoutes::from_listing(
+            vec![route("a", "10.0.1.0/24"), route("b", "10.0.2.0/24")],
+            &cidrs,
+        );
+        // As created by the controller: the name it asked for, not the cloud's.
+        known.push(route("c", "10.0.3.0/24"), &cidrs);
+        let named = |node: &str, cidr: &str| Route {
+            name: format!("cloud-{node}"),
+            ..route(node, cidr)
+        };
+        let blackholed = Route {
+            blackhole: true,
+            ..named("b", "10.0.2.0/24")
+        };
+        let listed = KnownRoutes::from_listing(
+            vec![
+                named("a", "10.0.1.0/24"),
+                blackholed,
+                named("c", "10.0.3.0/24"),
+                named("d", "10.0.4.0/24"),
+            ],
+            &cidrs,
+        );
+        let mut d = listed.differing_nodes(&known);
+        d.sort();
+        assert_eq!(d, ["b", "d"], "b blackholed, d made behind our back");
+        let gone = KnownRoutes::from_listing(vec![named("a", "10.0.1.0/24")], &cidrs);
+        let mut d = gone.differing_nodes(&known);
+        d.sort();
+        assert_eq!(d, ["b", "c"], "routes deleted behind our back");
+        assert!(known.differing_nodes(&known).is_empty());
     }
 }

@@ -1,17 +1,21 @@
 //! The route controller (`node-route-controller`, alias `route`): one cloud route per node pod
 //! CIDR, and the node's `NetworkUnavailable` condition.
 //!
-//! Every sync is a full reconcile — one `ListRoutes`, the [`planner`]'s creates and deletes
-//! (at most [`RouteConfig::max_concurrent_route_ops`] in flight), then condition patches only
-//! where they change something — with one fast path: a watch-mode sync for a node change that
-//! only has routes to *create* plans against the last known listing (the last `ListRoutes`
-//! plus this controller's own creates and deletes since) and over the changed Nodes only, so a
-//! node joining a quiet cluster is routed after one cloud round trip instead of two, and a
-//! burst of N Nodes arriving a few per sync costs O(N) planning, not O(N²). Anything else lists: deletes (blackholes,
-//! deleted nodes, address changes), the startup and safety resyncs, retries, interval mode, and
-//! a fast-path create the cloud refuses (the listing was stale), which is confirmed by a
-//! listing in the same sync. What differs between the modes is *when* a sync runs
-//! ([`RouteMode`]):
+//! A sync is one `ListRoutes`, the [`planner`]'s creates and deletes (at most
+//! [`RouteConfig::max_concurrent_route_ops`] in flight), then condition patches only where they
+//! change something. Watch mode plans over what changed, so a change costs the same in a
+//! cluster of 100 Nodes or 50,000 (see `Scope`):
+//! - a sync for a node change that only has routes to *create* skips the listing: it plans the
+//!   changed Nodes against the last known listing (the last `ListRoutes` plus this
+//!   controller's own creates and deletes since), so a node joining a quiet cluster is routed
+//!   after one cloud round trip instead of two;
+//! - any other sync for node changes (deletes, address changes, a fast-path create the cloud
+//!   refuses because the known listing was stale) and the confirming listing after fast
+//!   syncs list, then plan over the changed Nodes, the Nodes fast syncs planned since the last
+//!   listing, and every Node whose listed routes differ from the known ones;
+//! - the startup and safety resyncs, retries and interval mode plan over every Node.
+//!
+//! What differs between the modes is *when* a sync runs ([`RouteMode`]):
 //! - [`RouteMode::Interval`] (upstream's default): every `--route-reconciliation-period`,
 //!   non-sliding, whether or not anything changed (`trigger="periodic"`);
 //! - [`RouteMode::Watch`] (upstream's `CloudControllerManagerWatchBasedRoutesReconciliation`
@@ -105,12 +109,13 @@ pub struct RouteConfig {
     /// by the queue instead (changes during a sync fold into the next one, which creates all
     /// their routes at once), so a node's route is never delayed by a timer.
     pub min_sync_interval: Duration,
-    /// Watch mode's safety resync (default 30 min): a full reconcile after this long without
-    /// one, to repair routes changed in the cloud by someone else. Upstream relies on the node
-    /// informer's 12–24 h resync.
+    /// Watch mode's safety resync (default 30 min): a reconcile over every Node after this
+    /// long without one, to repair what no listing since showed as changed (a condition
+    /// edited by someone else, say); route drift is repaired by the listings in between.
+    /// Upstream relies on the node informer's 12–24 h resync.
     pub resync_period: Duration,
     /// Watch mode: how long after the last sync planned from the known listing (the fast
-    /// path) a confirming full sync (`ListRoutes`, trigger `resync`) runs, to repair whatever
+    /// path) a confirming listing (`ListRoutes`, trigger `resync`) runs, to repair whatever
     /// the known listing missed — blackholes, routes changed behind the controller's back
     /// (default 2s). A burst of fast syncs is confirmed once, after its last one; a sync that
     /// lists meanwhile confirms too. Short, so a quiet cluster is confirmed before it counts as
@@ -413,31 +418,52 @@ struct Reasons {
     node_change: bool,
     retry: bool,
     resync: bool,
+    /// The confirming listing after fast syncs is due.
+    confirm: bool,
     /// The Nodes whose changes are pending: what a node-change sync plans over.
     changed: HashSet<String>,
 }
 
+/// What one sync lists and plans over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Scope {
+    /// A fresh listing and every cached Node: the startup and safety resyncs, retries,
+    /// interval mode.
+    All,
+    /// The changed Nodes against the known listing when that only creates routes (the fast
+    /// path); otherwise as [`Scope::Listing`].
+    Changes(HashSet<String>),
+    /// A fresh listing, planned over these changed Nodes, the Nodes fast syncs planned since
+    /// the last listing, and every Node whose listed routes differ from the known ones (drift:
+    /// blackholes, routes changed behind the controller's back). Nodes none of that touches
+    /// were consistent after the last plan that covered them, and nothing has changed them.
+    Listing(HashSet<String>),
+}
+
 impl Reasons {
     /// The trigger to report for a sync that covers all pending reasons, clearing them, and
-    /// the changed Nodes when a change is all that is pending (a sync that may plan over those
-    /// Nodes only; any other reason plans over all of them).
-    fn take(&mut self) -> Option<(SyncTrigger, Option<HashSet<String>>)> {
+    /// what it plans over: the changed Nodes when changes (and the confirmation) are all that
+    /// is pending, every Node for a retry or resync.
+    fn take(&mut self) -> Option<(SyncTrigger, Scope)> {
         let t = if self.node_change {
             SyncTrigger::NodeChange
         } else if self.retry {
             SyncTrigger::Retry
-        } else if self.resync {
+        } else if self.resync || self.confirm {
             SyncTrigger::Resync
         } else {
             return None;
         };
-        let only_changes = !self.retry && !self.resync;
         let changed = std::mem::take(&mut self.changed);
+        let scope = if self.retry || self.resync {
+            Scope::All
+        } else if self.confirm {
+            Scope::Listing(changed)
+        } else {
+            Scope::Changes(changed)
+        };
         *self = Reasons::default();
-        Some((
-            t,
-            (t == SyncTrigger::NodeChange && only_changes).then_some(changed),
-        ))
+        Some((t, scope))
     }
 
     /// Records a Node change.
@@ -491,6 +517,9 @@ pub struct RouteController {
     /// successful creates and deletes since. `None` before the first listing and after any
     /// failed cloud call (the cloud's state is then unknown until the next listing).
     known: Mutex<Option<KnownRoutes>>,
+    /// The Nodes fast-path syncs planned since the last listing: the confirming listing plans
+    /// over them again.
+    unconfirmed: Mutex<HashSet<String>>,
 }
 
 /// What executing one plan did.
@@ -584,6 +613,7 @@ impl RouteController {
             queue_shutdown,
             tracks_addresses: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             known: Mutex::new(None),
+            unconfirmed: Mutex::default(),
         })
     }
 
@@ -614,7 +644,7 @@ impl RouteController {
     async fn run_interval(&self, shutdown: CancellationToken) {
         loop {
             let start = Instant::now();
-            let _ = self.sync(SyncTrigger::Periodic, None).await;
+            let _ = self.sync(SyncTrigger::Periodic, Scope::All).await;
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep_until(start + self.config.reconciliation_period) => {}
@@ -654,19 +684,24 @@ impl RouteController {
         };
 
         let mut limiter = limiter::StormLimiter::new(self.config.min_sync_interval);
-        let mut last_end = Instant::now();
+        // The last sync over every Node: the safety resync counts from it.
+        let mut last_full = Instant::now();
         // When the last fast-path sync must be confirmed by a listing.
         let mut confirm_due: Option<Instant> = None;
         loop {
-            let resync_due = last_end + self.config.resync_period;
+            let resync_due = last_full + self.config.resync_period;
             let due = confirm_due.map_or(resync_due, |c| c.min(resync_due));
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 k = queue.get() => if k.is_none() { break },
                 _ = tokio::time::sleep_until(due) => {
-                    reasons.lock().resync = true;
+                    if confirm_due.is_some_and(|c| c <= resync_due) {
+                        reasons.lock().confirm = true;
+                    } else {
+                        reasons.lock().resync = true;
+                        last_full = Instant::now();
+                    }
                     queue.add(KEY);
-                    last_end = Instant::now();
                     confirm_due = None;
                     continue;
                 }
@@ -688,8 +723,12 @@ impl RouteController {
             };
             limiter.started(Instant::now());
             let fast_before = self.handle.syncs_from_known();
-            let (outcome, throttled) = self.sync(trigger, scope.as_ref()).await;
-            last_end = Instant::now();
+            let full = scope == Scope::All;
+            let (outcome, throttled) = self.sync(trigger, scope).await;
+            let last_end = Instant::now();
+            if full {
+                last_full = last_end;
+            }
             confirm_due = (self.handle.syncs_from_known() > fast_before)
                 .then(|| last_end + self.config.confirm_delay);
             limiter.ended(last_end, throttled);
@@ -706,12 +745,8 @@ impl RouteController {
     }
 
     /// One reconcile, counted and timed; also returns the cloud's retry-after when a call was
-    /// throttled. `scope`: the changed Nodes, when a change is all this sync is for.
-    async fn sync(
-        &self,
-        trigger: SyncTrigger,
-        scope: Option<&HashSet<String>>,
-    ) -> (SyncOutcome, Option<Duration>) {
+    /// throttled.
+    async fn sync(&self, trigger: SyncTrigger, scope: Scope) -> (SyncOutcome, Option<Duration>) {
         self.handle.inner.running.fetch_add(1, Ordering::SeqCst);
         let started = Instant::now();
         let (outcome, throttled) = match self.reconcile(scope).await {
@@ -770,18 +805,27 @@ impl RouteController {
     }
 
     /// List, plan, execute: upstream's `reconcileNodeRoutes`; a node change that only needs
-    /// creates skips the list and plans over the changed Nodes only (see the module docs).
-    async fn reconcile(&self, scope: Option<&HashSet<String>>) -> Result<Executed, CloudError> {
+    /// creates skips the list, and a sync for changes plans over what changed (see
+    /// [`Scope`]).
+    async fn reconcile(&self, scope: Scope) -> Result<Executed, CloudError> {
         let cidrs = &self.config.cluster_cidrs;
-        if let Some(scope) = scope
-            && let Some((plan, managed)) = self.plan_from_known(scope)
-        {
-            if let Some(done) = self.apply(&plan, managed, Some(scope)).await {
-                self.handle.inner.from_known.fetch_add(1, Ordering::SeqCst);
-                return Ok(done);
+        let changed = match scope {
+            Scope::All => None,
+            Scope::Listing(changed) => Some(changed),
+            Scope::Changes(changed) => {
+                if let Some((plan, managed)) = self.plan_from_known(&changed) {
+                    if let Some(done) = self.apply(&plan, managed, Some(&changed), true).await {
+                        self.handle.inner.from_known.fetch_add(1, Ordering::SeqCst);
+                        self.unconfirmed.lock().extend(changed);
+                        return Ok(done);
+                    }
+                    tracing::info!(
+                        "a route create from the known listing was refused; listing routes"
+                    );
+                }
+                Some(changed)
             }
-            tracing::info!("a route create from the known listing was refused; listing routes");
-        }
+        };
         let cluster = self.shared.cluster_name.as_str();
         let routes = match self.routes.list_routes(cluster).await {
             Ok(r) => r,
@@ -794,13 +838,51 @@ impl RouteController {
             routes.iter().any(|r| r.enable_node_addresses),
             Ordering::Relaxed,
         );
+        let old = self.known.lock().take();
+        let unconfirmed = std::mem::take(&mut *self.unconfirmed.lock());
+        if let (Some(old), Some(changed)) = (old, changed) {
+            return Ok(self
+                .reconcile_scoped(routes, &old, changed, unconfirmed)
+                .await);
+        }
         let nodes = self.node_views();
         self.count_planned(nodes.len());
         let plan = planner::plan(&nodes, &routes, cidrs);
         let known = KnownRoutes::from_listing(routes, cidrs);
         let managed = known.managed();
         *self.known.lock() = Some(known);
-        Ok(self.apply(&plan, managed, None).await.unwrap_or_default())
+        Ok(self
+            .apply(&plan, managed, None, false)
+            .await
+            .unwrap_or_default())
+    }
+
+    /// A listing planned over part of the cluster ([`Scope::Listing`]): the changed Nodes,
+    /// the `unconfirmed` ones (planned from the known listing since the last listing), and
+    /// the Nodes whose listed routes differ from `old`, the known listing before this one.
+    async fn reconcile_scoped(
+        &self,
+        routes: Vec<ccm_cloud::Route>,
+        old: &KnownRoutes,
+        mut scope: HashSet<String>,
+        unconfirmed: HashSet<String>,
+    ) -> Executed {
+        let cidrs = &self.config.cluster_cidrs;
+        let fresh = KnownRoutes::from_listing(routes, cidrs);
+        scope.extend(unconfirmed);
+        scope.extend(fresh.differing_nodes(old));
+        let nodes: Vec<NodeView> = scope
+            .iter()
+            .filter_map(|name| self.shared.nodes.get(name))
+            .map(|n| NodeView::from_node(&n))
+            .collect();
+        self.count_planned(nodes.len());
+        let plan = planner::plan(&nodes, &fresh.for_nodes(&scope), cidrs);
+        let managed = fresh.managed();
+        *self.known.lock() = Some(fresh);
+        self.apply(&plan, managed, Some(&scope), false)
+            .await
+            .unwrap_or_default()
     }
 
     fn count_planned(&self, nodes: usize) {
@@ -861,17 +943,17 @@ impl RouteController {
     }
 
     /// Executes `plan`: route calls, routed nodes, condition writes. `managed` counts the
-    /// routes inside the cluster CIDRs before it. `scope`: the Nodes a fast-path plan covers
-    /// (`None`: all of them). `None` returned (fast path only): a create was refused without
-    /// throttling, so the known listing was stale and nothing else was done — the caller lists
-    /// and plans again.
+    /// routes inside the cluster CIDRs before it. `scope`: the Nodes the plan covers (`None`:
+    /// all of them). `None` returned (`from_known` only, the fast path): a create was refused
+    /// without throttling, so the known listing was stale and nothing else was done — the
+    /// caller lists and plans again.
     async fn apply(
         &self,
         plan: &RoutePlan,
         mut managed: i64,
         scope: Option<&HashSet<String>>,
+        from_known: bool,
     ) -> Option<Executed> {
-        let from_known = scope.is_some();
         let mut done = Executed::default();
         if plan.is_empty() {
             self.metrics.managed.set(managed);
@@ -1274,20 +1356,39 @@ mod tests {
             resync: true,
             ..Reasons::default()
         };
-        assert_eq!(r.take(), Some((SyncTrigger::Retry, None)));
+        assert_eq!(r.take(), Some((SyncTrigger::Retry, Scope::All)));
         assert_eq!(r.take(), None);
         r.resync = true;
         r.node_changed("a");
         assert_eq!(
             r.take(),
-            Some((SyncTrigger::NodeChange, None)),
+            Some((SyncTrigger::NodeChange, Scope::All)),
             "a resync pending too: plan over every Node"
         );
         r.node_changed("a");
         r.node_changed("b");
         let (trigger, scope) = r.take().expect("pending");
         assert_eq!(trigger, SyncTrigger::NodeChange);
-        assert_eq!(scope, Some(["a".to_string(), "b".to_string()].into()));
+        assert_eq!(
+            scope,
+            Scope::Changes(["a".to_string(), "b".to_string()].into())
+        );
         assert!(r.changed.is_empty());
+        r.confirm = true;
+        assert_eq!(
+            r.take(),
+            Some((SyncTrigger::Resync, Scope::Listing(HashSet::new()))),
+            "the confirmation lists, and plans over what changed"
+        );
+        r.confirm = true;
+        r.node_changed("c");
+        assert_eq!(
+            r.take(),
+            Some((
+                SyncTrigger::NodeChange,
+                Scope::Listing(["c".to_string()].into())
+            )),
+            "a change pending with the confirmation is planned against its listing"
+        );
     }
 }
