@@ -4,20 +4,22 @@
 //! Built per call from the node cache, the list cost a listing, a sort by name and a digest of
 //! every Node: ~0.2 s of CPU at 50,000 Nodes, paid by every node-sync pass (a join makes three)
 //! and every Service ensured after a Node changed. The index is updated per change in
-//! O(log N); the list handed out is rebuilt from it only after a change, and its
-//! [`NodeSet`] only when a Node joins or leaves the set or changes its providerID or addresses.
+//! O(log N), and so is its [`NodeSet`] (a sum of per-Node digests); the list handed out is
+//! rebuilt from it only after a change.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 
 use k8s_openapi::api::core::v1::Node;
 
-use super::planner::{NodeSet, lb_node_set, node_in_lb_set};
+use super::planner::{NodeSet, node_in_lb_set};
 
 /// The eligible Nodes by name, and the last list handed out.
 #[derive(Default)]
 pub(super) struct LbNodes {
     nodes: BTreeMap<String, Arc<Node>>,
+    /// The set of `nodes`, kept per change.
+    set: NodeSet,
     /// Moves with every change to `nodes`.
     version: u64,
     /// Moves when the set or a member's providerID or addresses change.
@@ -53,6 +55,12 @@ impl LbNodes {
             (Some(b), Some(a)) => !same_host(b, a),
             _ => true,
         };
+        if let Some(b) = &before {
+            self.set.remove(b);
+        }
+        if let Some(a) = kept {
+            self.set.insert(a);
+        }
         self.version += 1;
         if hosts_moved {
             self.hosts_version += 1;
@@ -73,7 +81,7 @@ impl LbNodes {
         let list = Arc::new(self.nodes.values().cloned().collect::<Vec<_>>());
         let set = match &self.last {
             Some(h) if h.hosts_version == self.hosts_version => h.set.clone(),
-            _ => Arc::new(lb_node_set(list.iter().map(|n| &**n))),
+            _ => Arc::new(self.set.clone()),
         };
         self.last = Some(Handed {
             version: self.version,
@@ -157,6 +165,33 @@ mod tests {
         // A delete leaves the set.
         lb.apply(Some(&d3), None);
         assert_eq!(names(&lb.current().0), ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn the_set_kept_per_change_is_the_set_of_the_list() {
+        use crate::service::planner::lb_node_set;
+        let mut lb = LbNodes::default();
+        let of_list = |lb: &mut LbNodes| {
+            let (list, set) = lb.current();
+            assert_eq!(*set, lb_node_set(list.iter().map(|n| &**n)));
+            (*set).clone()
+        };
+        let a = node("a", "sim://a", "10.0.0.1", false);
+        let b = node("b", "", "10.0.0.2", true);
+        lb.apply(None, Some(&a));
+        lb.apply(None, Some(&b));
+        let one = of_list(&mut lb);
+        let b2 = node("b", "sim://b", "10.0.0.2", false);
+        lb.apply(Some(&b), Some(&b2));
+        of_list(&mut lb);
+        let a2 = node("a", "sim://a-moved", "10.0.0.9", false);
+        lb.apply(Some(&a), Some(&a2));
+        of_list(&mut lb);
+        lb.apply(Some(&b2), None);
+        lb.apply(Some(&a2), Some(&a));
+        assert_eq!(of_list(&mut lb), one, "back where it started");
+        lb.apply(Some(&a), None);
+        assert!(of_list(&mut lb).is_empty());
     }
 
     #[test]

@@ -246,6 +246,31 @@ impl NodeSet {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Adds a Node not yet in the set (the caller keeps the pairs unique): sums make the set
+    /// updatable per Node change, with no pass over the others.
+    pub fn insert(&mut self, n: &Node) {
+        let (h1, h2) = pair_hashes(n);
+        self.len += 1;
+        self.digest.0 = self.digest.0.wrapping_add(h1);
+        self.digest.1 = self.digest.1.wrapping_add(h2);
+    }
+
+    /// Takes out a Node added before, as it was then.
+    pub fn remove(&mut self, n: &Node) {
+        let (h1, h2) = pair_hashes(n);
+        self.len = self.len.saturating_sub(1);
+        self.digest.0 = self.digest.0.wrapping_sub(h1);
+        self.digest.1 = self.digest.1.wrapping_sub(h2);
+    }
+}
+
+/// The two keyed hashes of a Node's (name, providerID) pair.
+fn pair_hashes(n: &Node) -> (u64, u64) {
+    use std::hash::BuildHasher;
+    let (k1, k2) = node_set_keys();
+    let pair = (ccm_cloud::node_name(n), ccm_cloud::node_provider_id(n));
+    (k1.hash_one(pair), k2.hash_one(pair))
 }
 
 /// The two SipHash keys of this process's [`NodeSet`] digests.
@@ -258,14 +283,9 @@ fn node_set_keys() -> &'static (std::hash::RandomState, std::hash::RandomState) 
 /// The LB node set of `nodes` (those passing [`node_in_lb_set`]). Node names are unique in a
 /// cluster, so the pairs are a set.
 pub fn lb_node_set<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> NodeSet {
-    use std::hash::BuildHasher;
-    let (k1, k2) = node_set_keys();
     let mut set = NodeSet::default();
     for n in nodes.into_iter().filter(|n| node_in_lb_set(n)) {
-        let pair = (ccm_cloud::node_name(n), ccm_cloud::node_provider_id(n));
-        set.len += 1;
-        set.digest.0 = set.digest.0.wrapping_add(k1.hash_one(pair));
-        set.digest.1 = set.digest.1.wrapping_add(k2.hash_one(pair));
+        set.insert(n);
     }
     set
 }
