@@ -164,28 +164,27 @@ pub(super) async fn scale_on(env: &Env, opts: &BenchOptions) -> anyhow::Result<S
 }
 
 /// One Node joins the settled cluster: seconds to initialized and to routed, the load balancers'
-/// updates (every LB has it, then no update for 3 s), and the CCM CPU from the join to then
-/// (the quiet window's idle CPU included).
+/// updates (every LB has it, then no update for 3 s), and the CCM CPU from its registration to
+/// then (the quiet window's idle CPU included).
 async fn join_at_scale(
     env: &Env,
     opts: &BenchOptions,
     r: &mut ScenarioResult,
 ) -> anyhow::Result<bool> {
-    let cpu = env.usage().cpu_seconds;
     let before = env.lb_updates();
-    let t1 = Instant::now();
-    let (mut ok, (init, net)) = join_one(env, opts, opts.scale_nodes).await?;
+    let joined = join_one(env, opts, opts.scale_nodes).await?;
+    let mut ok = joined.ok;
     let lbs = opts.scale_services.div_ceil(LB_EVERY) as usize;
     ok &= env
         .until_lbs_have(opts.timeout.0, lbs, opts.scale_nodes as usize + 1)
         .await?;
     let (updates, last) = env
-        .lb_updates_settled(before, t1, Duration::from_secs(3))
+        .lb_updates_settled(before, joined.at, Duration::from_secs(3))
         .await;
     r.join = Some(Join {
-        initialized_seconds: init,
-        routed_seconds: net,
-        cpu_seconds: env.usage().cpu_seconds - cpu,
+        initialized_seconds: joined.initialized,
+        routed_seconds: joined.routed,
+        cpu_seconds: env.usage().cpu_seconds - joined.cpu_before,
     });
     r.node_join_lb_updates = Some(updates);
     r.node_join_lb_update_seconds = Some(last.as_secs_f64());

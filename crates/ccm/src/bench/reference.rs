@@ -121,8 +121,7 @@ async fn phases(env: &Env, opts: &BenchOptions) -> anyhow::Result<ScenarioResult
         "(e) cloud calls in the idle window",
         (after - before) as f64,
     );
-    let (ok, _) = join_one(env, opts, opts.nodes + 1).await?;
-    r.converged &= ok;
+    r.converged &= join_one(env, opts, opts.nodes + 1).await?.ok;
     let end = env.usage();
     m.set("end: CCM CPU, s", end.cpu_seconds);
     m.set("end: CCM peak RSS, MB", end.peak_rss_mb);
@@ -221,13 +220,12 @@ async fn join_with_lbs(
     r: &mut ScenarioResult,
 ) -> anyhow::Result<bool> {
     let before = env.lb_updates();
-    let t1 = Instant::now();
-    let (ok, (init, net)) = join_one(env, opts, opts.nodes).await?;
+    let joined = join_one(env, opts, opts.nodes).await?;
     let (seen, last_change) = env
-        .lb_updates_settled(before, t1, Duration::from_secs(20))
+        .lb_updates_settled(before, joined.at, Duration::from_secs(20))
         .await;
-    m.set("(d) joined Node initialized, s", init);
-    m.set("(d) joined Node routed, s", net);
+    m.set("(d) joined Node initialized, s", joined.initialized);
+    m.set("(d) joined Node routed, s", joined.routed);
     m.set("(d) UpdateLoadBalancer calls", seen as f64);
     m.set(
         "(d) last UpdateLoadBalancer done after, s",
@@ -235,7 +233,7 @@ async fn join_with_lbs(
     );
     r.node_join_lb_updates = Some(seen);
     r.node_join_lb_update_seconds = Some(last_change.as_secs_f64());
-    Ok(ok)
+    Ok(joined.ok)
 }
 
 /// `kubelets` clients register Nodes `range`: per Node, when its POST returned and when its

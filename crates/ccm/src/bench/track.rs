@@ -251,12 +251,23 @@ pub(super) async fn add_cluster_ip_services(cluster: &SimCluster, n: u32) -> any
     results.into_iter().collect()
 }
 
-/// Node number `i` joins; seconds until it was initialized and until it was routed.
-pub(super) async fn join_one(
-    env: &Env,
-    opts: &BenchOptions,
-    i: u32,
-) -> anyhow::Result<(bool, (f64, f64))> {
+/// One Node's join, as [`join_one`] measured it.
+pub(super) struct Joined {
+    /// Initialized and routed within the timeout.
+    pub ok: bool,
+    /// Seconds from its registration to initialized.
+    pub initialized: f64,
+    /// Seconds from its registration to routed.
+    pub routed: f64,
+    /// When its kubelet started registering it: what the join's other figures count from (not
+    /// the trackers' listing of the cluster before it, seconds at 50,000 Nodes).
+    pub at: Instant,
+    /// The CCM's CPU seconds then.
+    pub cpu_before: f64,
+}
+
+/// Node number `i` joins, once the trackers have listed the cluster.
+pub(super) async fn join_one(env: &Env, opts: &BenchOptions, i: u32) -> anyhow::Result<Joined> {
     let client = env.cluster.user_client();
     let (init, net) = (
         Tracker::nodes(client.clone(), initialized),
@@ -268,6 +279,7 @@ pub(super) async fn join_one(
         Ok(init.count() >= settled && net.count() >= settled)
     })
     .await?;
+    let cpu_before = env.usage().cpu_seconds;
     let (name, t) = env.cluster.register(i).await?;
     let ok = env
         .until(opts.timeout.0, || async {
@@ -276,5 +288,11 @@ pub(super) async fn join_one(
         .await?;
     let created = HashMap::from([(name, t)]);
     let one = |t: &Tracker| t.latencies(&created).first().copied().unwrap_or(f64::NAN);
-    Ok((ok, (one(&init), one(&net))))
+    Ok(Joined {
+        ok,
+        initialized: one(&init),
+        routed: one(&net),
+        at: t,
+        cpu_before,
+    })
 }
