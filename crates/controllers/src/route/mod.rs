@@ -384,7 +384,8 @@ impl RouteHandle {
     }
 
     /// How many Nodes the planner has looked at, over all syncs: a sync for a node change
-    /// plans over the changed Nodes only, so a join adds one here however large the cluster.
+    /// plans over the changed Nodes only, so a join adds one here (and its confirming listing
+    /// one more) however large the cluster.
     pub fn nodes_planned(&self) -> u64 {
         self.inner.planned.load(Ordering::SeqCst)
     }
