@@ -479,8 +479,8 @@ pub struct RunOptions {
     #[arg(long, default_value = "1s", help_heading = "ccm-rs flags")]
     pub route_min_sync_interval: GoDuration,
 
-    /// Watch-based routes: full reconcile after this long without one, to repair routes
-    /// changed in the cloud outside the cluster.
+    /// Watch-based routes: a reconcile over every Node after this long without one (route
+    /// drift is repaired by every listing in between; this catches the rest).
     #[arg(long, default_value = "30m", help_heading = "ccm-rs flags")]
     pub route_resync_period: GoDuration,
 

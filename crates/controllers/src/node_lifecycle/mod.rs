@@ -6,10 +6,10 @@
 //! shutdown taint (no cloud call, ever); NotReady Nodes are checked with **one**
 //! [`ccm_cloud::Instances::instances_status`] call per batch. Which Nodes need a look (NotReady,
 //! or Ready with the shutdown taint) is kept up to date from the node changes, so a round costs
-//! what is wrong in the cluster, not its size: upstream lists every Node every period. When the provider offers
-//! [`ccm_cloud::Instances::instance_events`], a stopped or terminated instance is acted on as
-//! soon as its Node is NotReady, and the cloud check of NotReady Nodes only runs every
-//! `event_driven_resync_period` as a safety net.
+//! what is wrong in the cluster, not its size: upstream lists every Node every period. When the
+//! provider offers [`ccm_cloud::Instances::instance_events`], a stopped or terminated instance
+//! is acted on as soon as its Node is NotReady, and the cloud check of NotReady Nodes only runs
+//! every `event_driven_resync_period` as a safety net.
 
 pub mod planner;
 

@@ -76,7 +76,7 @@ pub const WATCH_GATE: &str = "CloudControllerManagerWatchBasedRoutesReconciliati
 pub const QUEUE_NAME: &str = "Routes";
 /// How many condition patches are in flight at once (API server writes, not cloud calls).
 const CONDITION_PATCH_CONCURRENCY: usize = 16;
-/// The single key of the watch-mode queue: every sync is a full reconcile.
+/// The single key of the watch-mode queue: one sync covers every pending reason (`Reasons`).
 const KEY: () = ();
 
 /// When syncs run.
