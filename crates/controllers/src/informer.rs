@@ -232,9 +232,8 @@ where
 
     /// Adds `obj` to a fresh list after the transform, if it is kept — or, when the cache holds
     /// the same version of it, the cached object itself: a re-list (a watch that ended during a
-    /// burst, a 410 on resume) then costs the new list's keys, not a second copy of every
-    /// object until the swap (at 50,000 Nodes a re-list held both and the peak went from
-    /// ~380 to ~650 MB).
+    /// burst, a 410 on resume) then costs the new list's keys and the objects that changed,
+    /// not a second copy of every object held until the swap.
     fn insert_trimmed(&self, fresh: &mut HashMap<String, Arc<K>>, mut obj: K) {
         let key = object_key(&obj);
         if let Some(rv) = obj.meta().resource_version.as_deref()
