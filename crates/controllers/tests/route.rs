@@ -353,23 +353,30 @@ async fn a_join_creates_its_route_without_listing() {
     env.kube.shutdown().await;
 }
 
-/// A join into a cluster of 60 Nodes costs the planner one Node, not 61: the fast path plans
-/// over the changed Node and the routes known to point at it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_join_is_planned_over_the_joining_node_only() {
-    let env = Env::new(14).await;
+/// Nodes n01…n60 (pod CIDR 10.244.i.0/24 each), the controller started with `cfg`, and every
+/// one routed.
+async fn sixty_routed_nodes(env: &Env, cfg: RouteConfig) -> Running {
     let nodes: Vec<(String, String)> = (1..=60)
         .map(|i| (format!("n{i:02}"), format!("10.244.{i}.0/24")))
         .collect();
     for (n, c) in &nodes {
         env.add_node(n, &[c.as_str()]).await;
     }
-    let run = start(&env, config(RouteMode::Watch));
+    let run = start(env, cfg);
     let expected: Vec<(&str, &str)> = nodes
         .iter()
         .map(|(n, c)| (n.as_str(), c.as_str()))
         .collect();
-    wait_converged(&env, &run, &expected).await;
+    wait_converged(env, &run, &expected).await;
+    run
+}
+
+/// A join into a cluster of 60 Nodes costs the planner one Node, not 61: the fast path plans
+/// over the changed Node and the routes known to point at it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_is_planned_over_the_joining_node_only() {
+    let env = Env::new(14).await;
+    let run = sixty_routed_nodes(&env, config(RouteMode::Watch)).await;
     let planned = run.handle.nodes_planned();
     let lists = env.metrics.count(op::LIST_ROUTES);
 
@@ -389,20 +396,9 @@ async fn a_join_is_planned_over_the_joining_node_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listings_after_changes_plan_over_what_changed() {
     let env = Env::new(15).await;
-    let nodes: Vec<(String, String)> = (1..=60)
-        .map(|i| (format!("n{i:02}"), format!("10.244.{i}.0/24")))
-        .collect();
-    for (n, c) in &nodes {
-        env.add_node(n, &[c.as_str()]).await;
-    }
     let mut cfg = config(RouteMode::Watch);
     cfg.confirm_delay = Duration::from_millis(200);
-    let run = start(&env, cfg);
-    let expected: Vec<(&str, &str)> = nodes
-        .iter()
-        .map(|(n, c)| (n.as_str(), c.as_str()))
-        .collect();
-    wait_converged(&env, &run, &expected).await;
+    let run = sixty_routed_nodes(&env, cfg).await;
     let planned = run.handle.nodes_planned();
     let lists = env.metrics.count(op::LIST_ROUTES);
 

@@ -207,10 +207,10 @@ impl NodeLifecycleController {
         );
         let mut changes = self.shared.nodes.subscribe();
         let mut suspects = Suspects::default();
-        while let Ok(change) = changes.try_recv() {
-            suspects.apply(&change);
-        }
         let mut waiting: HashMap<String, InstanceEventKind> = HashMap::new();
+        while let Ok(change) = changes.try_recv() {
+            self.on_change(change, &mut suspects, &mut waiting).await;
+        }
         let mut next_round = Instant::now();
         let mut last_cloud_check: Option<Instant> = None;
         loop {
@@ -223,8 +223,7 @@ impl NodeLifecycleController {
                     }
                     // What the cache already holds counts: changes not yet received first.
                     while let Ok(change) = changes.try_recv() {
-                        suspects.apply(&change);
-                        self.on_change(change, &mut waiting).await;
+                        self.on_change(change, &mut suspects, &mut waiting).await;
                     }
                     self.monitor(cloud_due, &suspects).await;
                     self.stats.rounds.fetch_add(1, Ordering::SeqCst);
@@ -240,8 +239,7 @@ impl NodeLifecycleController {
                     }
                 },
                 Some(change) = changes.recv() => {
-                    suspects.apply(&change);
-                    self.on_change(change, &mut waiting).await
+                    self.on_change(change, &mut suspects, &mut waiting).await
                 }
             }
             self.stats.waiting.store(waiting.len(), Ordering::SeqCst);
@@ -434,11 +432,15 @@ impl NodeLifecycleController {
         }
     }
 
+    /// A node change: the suspects follow it, and a Node an instance event is waiting for is
+    /// checked once it turns NotReady.
     async fn on_change(
         &self,
         change: Change<Node>,
+        suspects: &mut Suspects,
         waiting: &mut HashMap<String, InstanceEventKind>,
     ) {
+        suspects.apply(&change);
         if waiting.is_empty() {
             return;
         }

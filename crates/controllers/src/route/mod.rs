@@ -872,18 +872,24 @@ impl RouteController {
         let fresh = KnownRoutes::from_listing(routes, cidrs);
         scope.extend(unconfirmed);
         scope.extend(fresh.differing_nodes(old));
-        let nodes: Vec<NodeView> = scope
-            .iter()
-            .filter_map(|name| self.shared.nodes.get(name))
-            .map(|n| NodeView::from_node(&n))
-            .collect();
-        self.count_planned(nodes.len());
+        let nodes = self.planned_views(&scope);
         let plan = planner::plan(&nodes, &fresh.for_nodes(&scope), cidrs);
         let managed = fresh.managed();
         *self.known.lock() = Some(fresh);
         self.apply(&plan, managed, Some(&scope), false)
             .await
             .unwrap_or_default()
+    }
+
+    /// The cached ones of `scope`'s Nodes as the planner sees them, counted as planned.
+    fn planned_views(&self, scope: &HashSet<String>) -> Vec<NodeView> {
+        let nodes: Vec<NodeView> = scope
+            .iter()
+            .filter_map(|name| self.shared.nodes.get(name))
+            .map(|n| NodeView::from_node(&n))
+            .collect();
+        self.count_planned(nodes.len());
+        nodes
     }
 
     fn count_planned(&self, nodes: usize) {
@@ -913,12 +919,7 @@ impl RouteController {
         let known = self.known.lock();
         let known = known.as_ref()?;
         let cidrs = &self.config.cluster_cidrs;
-        let nodes: Vec<NodeView> = scope
-            .iter()
-            .filter_map(|name| self.shared.nodes.get(name))
-            .map(|n| NodeView::from_node(&n))
-            .collect();
-        self.count_planned(nodes.len());
+        let nodes = self.planned_views(scope);
         let plan = planner::plan(&nodes, &known.for_nodes(scope), cidrs);
         let creating: HashSet<&str> = plan
             .creates
