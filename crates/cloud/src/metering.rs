@@ -373,7 +373,7 @@ impl Instances for MeteredInstances {
     }
     async fn instances_metadata(
         &self,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
         if self.inner.native_batching() {
             self.meter
@@ -383,7 +383,7 @@ impl Instances for MeteredInstances {
             fallback_instances_metadata(self, nodes).await
         }
     }
-    async fn instances_status(&self, nodes: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
+    async fn instances_status(&self, nodes: &[Arc<Node>]) -> Vec<CloudResult<InstanceStatus>> {
         if self.inner.native_batching() {
             self.meter
                 .batch(op::INSTANCES_STATUS, self.inner.instances_status(nodes))

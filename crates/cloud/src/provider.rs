@@ -149,12 +149,16 @@ pub trait Instances: Send + Sync + 'static {
 
     /// Metadata for many Nodes, one result per input Node in the same order.
     ///
+    /// The Nodes are the controllers' cached ones, shared: a batch of 500 costs the caller
+    /// no copies (a copy of a kubelet's Node is ~5 KiB, and the address refresh asks for every
+    /// Node every few minutes).
+    ///
     /// The default calls [`Instances::instance_metadata`] once per node (a few at a time).
     /// Override it when the cloud answers many instances per API call (EC2 `DescribeInstances`
     /// takes 1,000 ids) and return `true` from [`Instances::native_batching`].
     async fn instances_metadata(
         &self,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
         fallback_instances_metadata(self, nodes).await
     }
@@ -163,7 +167,7 @@ pub trait Instances: Send + Sync + 'static {
     ///
     /// The default calls [`Instances::instance_exists`] once per node and
     /// [`Instances::instance_shutdown`] once per existing node.
-    async fn instances_status(&self, nodes: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
+    async fn instances_status(&self, nodes: &[Arc<Node>]) -> Vec<CloudResult<InstanceStatus>> {
         fallback_instances_status(self, nodes).await
     }
 
@@ -189,7 +193,7 @@ pub trait Instances: Send + Sync + 'static {
 /// per-node calls through themselves.
 pub async fn fallback_instances_metadata<I: Instances + ?Sized>(
     instances: &I,
-    nodes: &[Node],
+    nodes: &[Arc<Node>],
 ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
     let mut out = Vec::with_capacity(nodes.len());
     for chunk in nodes.chunks(DEFAULT_FALLBACK_CONCURRENCY) {
@@ -202,7 +206,7 @@ pub async fn fallback_instances_metadata<I: Instances + ?Sized>(
 /// exist (a missing instance cannot be shut down).
 pub async fn fallback_instances_status<I: Instances + ?Sized>(
     instances: &I,
-    nodes: &[Node],
+    nodes: &[Arc<Node>],
 ) -> Vec<CloudResult<InstanceStatus>> {
     let mut out = Vec::with_capacity(nodes.len());
     for chunk in nodes.chunks(DEFAULT_FALLBACK_CONCURRENCY) {

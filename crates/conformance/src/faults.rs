@@ -1,5 +1,7 @@
 //! Throttling surfaces as `CloudError::Throttled`, on every capability.
 
+use std::sync::Arc;
+
 use ccm_cloud::{CloudError, CloudResult};
 use tokio::time::Instant;
 
@@ -36,7 +38,7 @@ async fn throttling(ctx: &Ctx) -> Check {
         .unwrap_or_else(|| ccm_cloud_node("conformance-throttled"));
     if let Some(i) = ctx.provider.instances() {
         throttled("instance_exists", i.instance_exists(&node).await)?;
-        let batch = i.instances_status(std::slice::from_ref(&node)).await;
+        let batch = i.instances_status(&[Arc::new(node.clone())]).await;
         throttled(
             "instances_status",
             batch.into_iter().next().unwrap_or(Ok(Default::default())),

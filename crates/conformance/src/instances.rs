@@ -308,8 +308,9 @@ async fn batch_equals_single(ctx: &Ctx, inst: &dyn Instances, nodes: &[Node]) ->
 }
 
 async fn same_batch(inst: &dyn Instances, batch: &[Node]) -> Check {
-    let statuses = inst.instances_status(batch).await;
-    let metas = inst.instances_metadata(batch).await;
+    let shared: Vec<Arc<Node>> = batch.iter().cloned().map(Arc::new).collect();
+    let statuses = inst.instances_status(&shared).await;
+    let metas = inst.instances_metadata(&shared).await;
     if statuses.len() != batch.len() || metas.len() != batch.len() {
         return fail(format!(
             "{} Nodes in, {} statuses and {} metadata out",
@@ -358,7 +359,7 @@ async fn never_gone(inst: &dyn Instances, node: &Node, why: &str) -> Check {
     if let Ok(false) = inst.instance_exists(node).await {
         return fail(format!("instance_exists returned Ok(false) {why}"));
     }
-    let status = inst.instances_status(std::slice::from_ref(node)).await;
+    let status = inst.instances_status(&[Arc::new(node.clone())]).await;
     if let Some(Ok(s)) = status.first()
         && !s.exists
     {
@@ -450,7 +451,7 @@ async fn stop_start(ctx: &Ctx, inst: &dyn Instances) -> Check {
         }
     }
     match inst
-        .instances_status(std::slice::from_ref(&node))
+        .instances_status(&[Arc::new(node.clone())])
         .await
         .first()
     {
@@ -503,7 +504,7 @@ async fn terminated(ctx: &Ctx, inst: &dyn Instances) -> Check {
         };
         let gone = ctx
             .settle(|| async {
-                let batch = inst.instances_status(std::slice::from_ref(&n)).await;
+                let batch = inst.instances_status(&[Arc::new(n.clone())]).await;
                 let batch_gone = match batch.first() {
                     Some(Ok(s)) => !s.exists,
                     Some(Err(CloudError::InstanceNotFound)) => by_name,
@@ -521,7 +522,7 @@ async fn terminated(ctx: &Ctx, inst: &dyn Instances) -> Check {
                     "by providerID"
                 },
                 inst.instance_exists(&n).await,
-                inst.instances_status(std::slice::from_ref(&n)).await
+                inst.instances_status(&[Arc::new(n.clone())]).await
             ));
         }
     }

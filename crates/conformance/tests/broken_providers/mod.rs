@@ -66,7 +66,7 @@ impl Instances for Broken {
     async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
         self.sim.instance_metadata(node).await
     }
-    async fn instances_status(&self, nodes: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
+    async fn instances_status(&self, nodes: &[Arc<Node>]) -> Vec<CloudResult<InstanceStatus>> {
         let out = self.sim.instances_status(nodes).await;
         if self.how != Break::GoneOnError {
             return out;

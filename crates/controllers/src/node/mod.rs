@@ -24,7 +24,7 @@ use ccm_cloud::{CloudError, CloudResult, InstanceEvent, InstanceMetadata, Instan
 use futures::StreamExt;
 use futures::future::join_all;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use parking_lot::Mutex;
@@ -588,19 +588,15 @@ impl Inner {
 
     /// One cloud call for the whole batch, then the writes per Node.
     ///
-    /// The Nodes are the cache's `Arc`s: a waiting Node's future holds 8 bytes of it instead
-    /// of a ~1.4 KiB `Node` (plus its strings). Copies exist only for the cloud call (whose API
-    /// takes a slice of Nodes) and inside a write slot.
+    /// The Nodes are the cache's `Arc`s, for the cloud call too: a waiting Node's future holds
+    /// 8 bytes of it instead of a ~1.4 KiB `Node` (plus its strings). Copies exist only inside
+    /// a write slot.
     async fn initialize(&self, nodes: Vec<Arc<Node>>) {
         if nodes.is_empty() {
             return;
         }
         self.wait_throttle().await;
-        let results = {
-            let copies: Vec<Node> = nodes.iter().map(|n| (**n).clone()).collect();
-            self.instances.instances_metadata(&copies).await
-        };
-        let mut results = results.into_iter();
+        let mut results = self.instances.instances_metadata(&nodes).await.into_iter();
         let work: Vec<(Arc<Node>, CloudResult<Option<InstanceMetadata>>)> = nodes
             .into_iter()
             .map(|n| {
@@ -851,68 +847,78 @@ impl Inner {
 
     /// Upstream `UpdateNodeStatus`, batched: one cloud call per `batch_max` initialized Nodes;
     /// a status write only for Nodes whose addresses changed. Errors wait for the next period.
+    ///
+    /// The refresh runs every few minutes on an idle cluster, and what it allocates at once
+    /// shows as a peak of the idle process: it hands the provider the cache's `Arc`s and copies
+    /// a Node only to write it (copying every Node for the call, as it did, lifted an idle
+    /// 1,000-Node CCM's RSS by ~7 MB every refresh).
     async fn refresh_addresses(&self) {
-        let mut nodes: Vec<Node> = self
+        let mut nodes: Vec<Arc<Node>> = self
             .shared
             .nodes
             .list()
             .into_iter()
             .filter(|n| !has_taint(n, TAINT_UNINITIALIZED))
-            .map(|n| (*n).clone())
             .collect();
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        // Moved into chunks, not copied: the refresh runs every few minutes on an idle
-        // cluster, and what it allocates at once is what the allocator keeps afterwards.
-        let mut chunks: Vec<Vec<Node>> = Vec::new();
-        let mut rest = nodes.into_iter().peekable();
-        while rest.peek().is_some() {
-            chunks.push(rest.by_ref().take(self.batch_max).collect());
-        }
         let calls = Semaphore::new(self.config.status_workers());
-        join_all(chunks.into_iter().map(|chunk| async {
+        join_all(nodes.chunks(self.batch_max).map(|chunk| async {
             let _permit = calls.acquire().await;
             self.wait_throttle().await;
             if self.stop.is_cancelled() {
                 return;
             }
-            let results = self.instances.instances_metadata(&chunk).await;
-            join_all(chunk.into_iter().zip(results).map(|(node, res)| async {
+            let results = self.instances.instances_metadata(chunk).await;
+            let changed: Vec<(Arc<Node>, Vec<NodeAddress>)> = chunk
+                .iter()
+                .zip(results)
+                .filter_map(|(node, res)| {
+                    Some((Arc::clone(node), self.changed_addresses(node, res)?))
+                })
+                .collect();
+            join_all(changed.into_iter().map(|(node, addresses)| async {
                 let _permit = self.writes.acquire().await;
-                // Boxed, as in `initialize`: unboxed, every Node of the chunk would hold the
-                // write path's ~13 KiB future while waiting for a permit (~11 MB transient
-                // for 1,000 Nodes every refresh, of which ~4 MB stayed in RSS).
-                Box::pin(self.refresh_one(node, res)).await
+                // Boxed, as in `initialize`: unboxed, every changed Node would hold the write
+                // path's ~13 KiB future while waiting for a permit.
+                Box::pin(self.write_addresses(node, addresses)).await
             }))
             .await;
         }))
         .await;
     }
 
-    async fn refresh_one(&self, node: Node, res: CloudResult<Option<InstanceMetadata>>) {
-        let key = name(&node);
+    /// The addresses to write for `node`, or `None` when the answer is an error (logged), says
+    /// nothing, or matches what the Node has (the usual case).
+    fn changed_addresses(
+        &self,
+        node: &Node,
+        res: CloudResult<Option<InstanceMetadata>>,
+    ) -> Option<Vec<NodeAddress>> {
         let meta = match res {
-            Ok(Some(m)) => m,
-            Ok(None) => return,
+            Ok(meta) => meta?,
             Err(e) => {
                 if let CloudError::Throttled { retry_after, .. } = &e {
                     self.note_throttle(retry_after.unwrap_or(DEFAULT_THROTTLE_PAUSE));
                 }
-                tracing::warn!(node = %key, error = %e, "failed to refresh node addresses");
-                return;
+                tracing::warn!(node = %name(node), error = %e, "failed to refresh node addresses");
+                return None;
             }
         };
-        match planner::plan_address_refresh(&node, &meta.node_addresses) {
+        match planner::plan_address_refresh(node, &meta.node_addresses) {
             Err(e) => {
-                tracing::warn!(node = %key, error = %e, "not updating node addresses");
-                return;
+                tracing::warn!(node = %name(node), error = %e, "not updating node addresses");
+                None
             }
-            // Unchanged addresses: nothing to write (the usual case).
-            Ok(None) => return,
-            Ok(Some(_)) => {}
+            Ok(None) => None,
+            Ok(Some(_)) => Some(meta.node_addresses),
         }
+    }
+
+    async fn write_addresses(&self, node: Arc<Node>, addresses: Vec<NodeAddress>) {
+        let key = name(&node);
         let api = Api::<Node>::all(self.client.clone());
-        let res = write::patch_guarded(&api, node, Target::Status, |n| {
-            planner::plan_address_refresh(n, &meta.node_addresses)
+        let res = write::patch_guarded(&api, (*node).clone(), Target::Status, |n| {
+            planner::plan_address_refresh(n, &addresses)
                 .ok()
                 .flatten()
                 .map(|a| planner::status_patch(&a))

@@ -285,9 +285,8 @@ impl NodeLifecycleController {
     /// One `instances_status` call per batch of NotReady Nodes, then act on each answer.
     async fn check_cloud(&self, nodes: Vec<Arc<Node>>) {
         for chunk in nodes.chunks(self.batch_max) {
-            let owned: Vec<Node> = chunk.iter().map(|n| (**n).clone()).collect();
-            let results = self.instances.instances_status(&owned).await;
-            let work: Vec<_> = owned.into_iter().zip(results).collect();
+            let results = self.instances.instances_status(chunk).await;
+            let work: Vec<_> = chunk.iter().zip(results).collect();
             let sem = Semaphore::new(WRITE_CONCURRENCY);
             join_all(work.into_iter().map(|(node, res)| async {
                 let _permit = sem.acquire().await;
@@ -302,7 +301,7 @@ impl NodeLifecycleController {
                     Err(e) => {
                         self.unanswered.lock().insert(name);
                         self.recorder.publish(
-                        &node,
+                        &**node,
                         EventType::Warning,
                         "CheckingInstanceFailed",
                         format!("Could not tell whether the instance of node {} exists; keeping the node and asking again: {e}", node.metadata.name.as_deref().unwrap_or_default()),
@@ -314,7 +313,7 @@ impl NodeLifecycleController {
         }
     }
 
-    async fn act(&self, checked: Node, status: InstanceStatus) {
+    async fn act(&self, checked: &Node, status: InstanceStatus) {
         let name = checked.metadata.name.clone().unwrap_or_default();
         // Decide on the freshest cached copy: the Node may have turned Ready, or been replaced
         // by a new Node of the same name, while the cloud answered.

@@ -42,11 +42,11 @@ impl Instances for NoEvents {
     }
     async fn instances_metadata(
         &self,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
         self.0.instances_metadata(nodes).await
     }
-    async fn instances_status(&self, nodes: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
+    async fn instances_status(&self, nodes: &[Arc<Node>]) -> Vec<CloudResult<InstanceStatus>> {
         self.0.instances_status(nodes).await
     }
     fn native_batching(&self) -> bool {

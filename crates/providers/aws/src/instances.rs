@@ -1,6 +1,7 @@
 //! Instances: batched `DescribeInstances`, providerIDs, node addresses in upstream's order,
 //! existence and shutdown.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -588,8 +589,8 @@ impl AwsCloud {
 
     /// The instance behind each Node, in two calls at most per 1,000 Nodes: one by id for
     /// Nodes with a providerID (or an instance-id name), one by name for the rest.
-    async fn lookup(&self, nodes: &[Node]) -> Vec<CloudResult<Lookup>> {
-        let keys: Vec<Key> = nodes.iter().map(key).collect();
+    async fn lookup<N: Borrow<Node>>(&self, nodes: &[N]) -> Vec<CloudResult<Lookup>> {
+        let keys: Vec<Key> = nodes.iter().map(|n| key(n.borrow())).collect();
         let ids: Vec<String> = keys
             .iter()
             .filter_map(|k| match k {
@@ -614,7 +615,7 @@ impl AwsCloud {
         };
         {
             let mut mem = self.inner.memory.lock();
-            for (node, k) in nodes.iter().zip(&keys) {
+            for (node, k) in nodes.iter().map(Borrow::borrow).zip(&keys) {
                 match k {
                     Key::Id(id) => {
                         mem.node_to_instance
@@ -709,30 +710,12 @@ impl AwsCloud {
     }
 }
 
-#[async_trait]
-impl Instances for AwsCloud {
-    async fn instance_exists(&self, node: &Node) -> CloudResult<bool> {
-        let mut s = self.instances_status(std::slice::from_ref(node)).await;
-        s.pop()
-            .unwrap_or(Err(CloudError::InstanceNotFound))
-            .map(|s| s.exists)
-    }
-
-    async fn instance_shutdown(&self, node: &Node) -> CloudResult<bool> {
-        let mut s = self.instances_status(std::slice::from_ref(node)).await;
-        s.pop()
-            .unwrap_or(Err(CloudError::InstanceNotFound))
-            .map(|s| s.shutdown)
-    }
-
-    async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
-        let mut m = self.instances_metadata(std::slice::from_ref(node)).await;
-        m.pop().unwrap_or(Err(CloudError::InstanceNotFound))
-    }
-
-    async fn instances_metadata(
+impl AwsCloud {
+    /// Generic over how the Nodes are held: the batch calls get the controllers' shared Nodes,
+    /// the single calls one borrowed Node, and neither is copied.
+    async fn metadata_of<N: Borrow<Node>>(
         &self,
-        nodes: &[Node],
+        nodes: &[N],
     ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
         let found = self.lookup(nodes).await;
         let live: Vec<&Instance> = found
@@ -764,7 +747,7 @@ impl Instances for AwsCloud {
             .collect()
     }
 
-    async fn instances_status(&self, nodes: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
+    async fn statuses_of<N: Borrow<Node>>(&self, nodes: &[N]) -> Vec<CloudResult<InstanceStatus>> {
         self.lookup(nodes)
             .await
             .into_iter()
@@ -780,6 +763,39 @@ impl Instances for AwsCloud {
                 })
             })
             .collect()
+    }
+}
+
+#[async_trait]
+impl Instances for AwsCloud {
+    async fn instance_exists(&self, node: &Node) -> CloudResult<bool> {
+        let mut s = self.statuses_of(std::slice::from_ref(node)).await;
+        s.pop()
+            .unwrap_or(Err(CloudError::InstanceNotFound))
+            .map(|s| s.exists)
+    }
+
+    async fn instance_shutdown(&self, node: &Node) -> CloudResult<bool> {
+        let mut s = self.statuses_of(std::slice::from_ref(node)).await;
+        s.pop()
+            .unwrap_or(Err(CloudError::InstanceNotFound))
+            .map(|s| s.shutdown)
+    }
+
+    async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
+        let mut m = self.metadata_of(std::slice::from_ref(node)).await;
+        m.pop().unwrap_or(Err(CloudError::InstanceNotFound))
+    }
+
+    async fn instances_metadata(
+        &self,
+        nodes: &[Arc<Node>],
+    ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
+        self.metadata_of(nodes).await
+    }
+
+    async fn instances_status(&self, nodes: &[Arc<Node>]) -> Vec<CloudResult<InstanceStatus>> {
+        self.statuses_of(nodes).await
     }
 
     fn native_batching(&self) -> bool {

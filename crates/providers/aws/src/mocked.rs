@@ -334,7 +334,7 @@ fn lookups_by_name_follow_next_token_and_split_names_by_150() {
     // names), and every page of each (4 + 2 pages of 40).
     let fake = fleet(200, |_| "running");
     let cloud = provider(&fake);
-    let nodes: Vec<Node> = (0..200).map(|n| node(&dns(n), None)).collect();
+    let nodes: Vec<Arc<Node>> = (0..200).map(|n| Arc::new(node(&dns(n), None))).collect();
     let meta = rt().block_on(cloud.instances_metadata(&nodes));
     for (n, m) in meta.iter().enumerate() {
         let m = m.as_ref().expect("found").as_ref().expect("metadata");
@@ -357,7 +357,7 @@ fn lookups_by_name_follow_next_token_and_split_names_by_150() {
 fn a_name_the_fresh_listing_lacks_is_asked_for_by_filter() {
     let fake = fleet(400, |_| "running");
     let cloud = provider(&fake);
-    let nodes: Vec<Node> = (0..400).map(|n| node(&dns(n), None)).collect();
+    let nodes: Vec<Arc<Node>> = (0..400).map(|n| Arc::new(node(&dns(n), None))).collect();
     // 400 names: 150 by filter (4 pages of 40) tell the VPC; more than 150 are left, so the
     // VPC's listing (10 pages) answers them.
     let meta = rt().block_on(cloud.instances_metadata(&nodes));
@@ -365,7 +365,7 @@ fn a_name_the_fresh_listing_lacks_is_asked_for_by_filter() {
     assert_eq!(fake.calls("DescribeInstances"), 4 + 10);
     // A name the listing does not have (an instance launched since, or none): one filter call.
     let ghost = node("ip-10-9-9-9.ec2.internal", None);
-    let meta = rt().block_on(cloud.instances_metadata(&[ghost]));
+    let meta = rt().block_on(cloud.instances_metadata(&[ghost].map(Arc::new)));
     assert!(matches!(meta[0], Err(CloudError::InstanceNotFound)));
     assert_eq!(fake.calls("DescribeInstances"), 4 + 10 + 1);
     // 151 names is over the filter limit but the listing is fresh: no call.
@@ -385,11 +385,11 @@ fn lookups_by_id_page_and_drop_ids_ec2_does_not_know() {
         _ => "running",
     });
     let cloud = provider(&fake);
-    let mut nodes: Vec<Node> = (0..1200).map(with_pid).collect();
-    nodes.push(node(
+    let mut nodes: Vec<Arc<Node>> = (0..1200).map(|n| Arc::new(with_pid(n))).collect();
+    nodes.push(Arc::new(node(
         "gone",
         Some("aws:///us-east-1a/i-0ffffffffffffffff".into()),
-    ));
+    )));
     let status = rt().block_on(cloud.instances_status(&nodes));
     let s = |n: usize| status[n].as_ref().expect("status");
     assert!(s(0).exists && !s(0).shutdown);
@@ -405,7 +405,7 @@ fn lookups_started_together_share_one_call() {
     // The address refresh looks up its chunks of Nodes concurrently: one DescribeInstances.
     let fake = fleet(2, |_| "running");
     let cloud = provider(&fake);
-    let (first, second) = ([with_pid(0)], [with_pid(1)]);
+    let (first, second) = ([Arc::new(with_pid(0))], [Arc::new(with_pid(1))]);
     let (a, b) = rt().block_on(async {
         futures::join!(
             cloud.instances_metadata(&first),
@@ -422,7 +422,7 @@ fn throttling_surfaces_as_throttled_after_the_sdks_three_attempts() {
     fake.0.lock().throttle_next = 3;
     let cloud = provider(&fake);
     let err = rt()
-        .block_on(cloud.instances_status(&[with_pid(0)]))
+        .block_on(cloud.instances_status(&[with_pid(0)].map(Arc::new)))
         .remove(0)
         .expect_err("throttled");
     assert!(err.is_throttled(), "{err:?}");
@@ -440,7 +440,7 @@ fn throttling_surfaces_as_throttled_after_the_sdks_three_attempts() {
     assert!(!matches!(err, CloudError::InstanceNotFound));
 
     // The next reconcile, with AWS calm again, succeeds.
-    let again = rt().block_on(cloud.instances_status(&[with_pid(0)]));
+    let again = rt().block_on(cloud.instances_status(&[with_pid(0)].map(Arc::new)));
     assert!(again[0].as_ref().expect("calm").exists);
 
     // Upstream's metric families, as /metrics serves them: one failed and one good operation.
@@ -472,7 +472,7 @@ fn two_throttles_are_absorbed_by_the_sdk_retry() {
     fake.0.lock().throttle_next = 2;
     let cloud = provider(&fake);
     let status = rt()
-        .block_on(cloud.instances_status(&[with_pid(0)]))
+        .block_on(cloud.instances_status(&[with_pid(0)].map(Arc::new)))
         .remove(0);
     assert!(status.expect("retried to success").exists);
     assert_eq!(fake.calls("DescribeInstances"), 3);
@@ -488,7 +488,7 @@ fn other_errors_keep_their_code_and_are_not_retried() {
     ));
     let cloud = provider(&fake);
     let err = rt()
-        .block_on(cloud.instances_status(&[with_pid(0)]))
+        .block_on(cloud.instances_status(&[with_pid(0)].map(Arc::new)))
         .remove(0)
         .expect_err("denied");
     assert!(
@@ -500,7 +500,7 @@ fn other_errors_keep_their_code_and_are_not_retried() {
     // EC2's own 5xx is retried by the SDK and then transient for the controllers.
     fake.0.lock().fail_with = Some((500, "InternalError".into(), "oops".into()));
     let err = rt()
-        .block_on(cloud.instances_status(&[with_pid(0)]))
+        .block_on(cloud.instances_status(&[with_pid(0)].map(Arc::new)))
         .remove(0)
         .expect_err("internal");
     assert!(matches!(err, CloudError::Transient(_)), "{err:?}");
@@ -561,7 +561,7 @@ fn only_ec2s_word_about_an_instance_id_makes_a_node_gone() {
     let cloud = provider(&fake);
     // No instance answers to this name: doubt, never "gone" (its Node would be deleted).
     let ghost = node("ip-10-9-9-9.ec2.internal", None);
-    let status = rt().block_on(cloud.instances_status(&[ghost.clone(), with_pid(0)]));
+    let status = rt().block_on(cloud.instances_status(&[ghost.clone(), with_pid(0)].map(Arc::new)));
     assert!(status[0].is_err(), "unresolvable name: {:?}", status[0]);
     assert!(status[1].as_ref().expect("the other Node").exists);
     assert!(rt().block_on(cloud.instance_exists(&ghost)).is_err());
@@ -569,7 +569,7 @@ fn only_ec2s_word_about_an_instance_id_makes_a_node_gone() {
     // InvalidInstanceID.NotFound for it is the authoritative "gone".
     let named_by_id = node(&id(1), None);
     let gone = node("i-0ffffffffffffffff", None);
-    let status = rt().block_on(cloud.instances_status(&[named_by_id, gone]));
+    let status = rt().block_on(cloud.instances_status(&[named_by_id, gone].map(Arc::new)));
     assert!(status[0].as_ref().expect("found by id").exists);
     assert!(!status[1].as_ref().expect("EC2 said NotFound").exists);
     // Fargate and hybrid Nodes: no EC2 call, never gone, nothing to initialize.
@@ -579,9 +579,9 @@ fn only_ec2s_word_about_an_instance_id_makes_a_node_gone() {
         Some("aws:///us-east-1a/fargate-ip-10-0-1-7.ec2.internal".into()),
     );
     let hybrid = node("edge-1", Some("eks-hybrid:///us-east-1/prod/edge-1".into()));
-    let status = rt().block_on(cloud.instances_status(&[fargate.clone(), hybrid]));
+    let status = rt().block_on(cloud.instances_status(&[fargate.clone(), hybrid].map(Arc::new)));
     assert!(status.iter().all(|s| s.as_ref().is_ok_and(|s| s.exists)));
-    let meta = rt().block_on(cloud.instances_metadata(&[fargate, with_pid(0)]));
+    let meta = rt().block_on(cloud.instances_metadata(&[fargate, with_pid(0)].map(Arc::new)));
     assert!(matches!(meta[0], Ok(None)), "{:?}", meta[0]);
     assert!(matches!(meta[1], Ok(Some(_))), "the EC2 Node beside it");
     assert_eq!(fake.calls("DescribeInstances"), before + 1);

@@ -135,7 +135,7 @@ async fn make_calls(provider: &Arc<dyn CloudProvider>) -> anyhow::Result<()> {
         }
     }
     let meta = instances
-        .instances_metadata(&[gone.clone(), by_name.clone()])
+        .instances_metadata(&[gone.clone(), by_name.clone()].map(Arc::new))
         .await;
     println!("{OUTCOME} instances_metadata {meta:?}");
     let routes = provider.routes().expect("routes");

@@ -360,12 +360,12 @@ async fn kops_cluster_with_upstream_flags_and_ini() -> anyhow::Result<()> {
         .context("fargate")?;
     let inst = ccm_cloud::CloudProvider::instances(&p).context("instances")?;
     assert!(
-        inst.instances_status(std::slice::from_ref(f)).await[0]
+        inst.instances_status(&[Arc::new(f.clone())]).await[0]
             .as_ref()
             .is_ok_and(|s| s.exists)
     );
     assert!(matches!(
-        inst.instances_metadata(std::slice::from_ref(f)).await[0],
+        inst.instances_metadata(&[Arc::new(f.clone())]).await[0],
         Ok(None)
     ));
 
@@ -732,7 +732,7 @@ async fn a_private_dns_name_is_looked_up_inside_the_cluster_only() -> anyhow::Re
     let p = provider(None);
     let inst = ccm_cloud::CloudProvider::instances(&p).context("instances")?;
     let err = inst
-        .instances_metadata(std::slice::from_ref(&n))
+        .instances_metadata(&[Arc::new(n.clone())])
         .await
         .remove(0)
         .expect_err("ambiguous");
@@ -745,12 +745,12 @@ async fn a_private_dns_name_is_looked_up_inside_the_cluster_only() -> anyhow::Re
         !text.contains(&found[2].1),
         "another cluster's instance: {text}"
     );
-    assert!(inst.instances_status(std::slice::from_ref(&n)).await[0].is_err());
+    assert!(inst.instances_status(&[Arc::new(n.clone())]).await[0].is_err());
     // With the cluster's VPC configured, the one instance in it.
     let p = provider(Some(&found[1].0));
     let inst = ccm_cloud::CloudProvider::instances(&p).context("instances")?;
     let meta = inst
-        .instances_metadata(std::slice::from_ref(&n))
+        .instances_metadata(&[Arc::new(n.clone())])
         .await
         .remove(0)?
         .context("metadata")?;

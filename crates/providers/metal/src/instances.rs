@@ -1,5 +1,7 @@
 //! Instances: the inventory answers what a machine is; its BMC answers whether it is on.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use ccm_cloud::{
     CloudError, CloudResult, InstanceMetadata, InstanceStatus, Instances, Node, node_name,
@@ -158,7 +160,7 @@ impl MetalCloud {
 
 /// Two Nodes claiming one machine: both get an error naming the other.
 fn refuse_duplicates(
-    nodes: &[Node],
+    nodes: &[Arc<Node>],
     ids: &mut [CloudResult<Option<InstanceMetadata>>],
     taken: &std::collections::BTreeMap<String, String>,
 ) {
@@ -284,13 +286,13 @@ impl Instances for MetalCloud {
 
     /// All BMCs of the batch are asked at once; the shared bound in the Redfish client keeps
     /// the number in flight at `bmc.concurrency`.
-    async fn instances_status(&self, nodes: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
+    async fn instances_status(&self, nodes: &[Arc<Node>]) -> Vec<CloudResult<InstanceStatus>> {
         join_all(nodes.iter().map(|n| self.status(n))).await
     }
 
     async fn instances_metadata(
         &self,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
         let mut out = join_all(nodes.iter().map(|n| self.instance_metadata(n))).await;
         match self.bound_provider_ids().await {

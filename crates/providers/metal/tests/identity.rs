@@ -10,6 +10,7 @@ use ccm_cloud::{CloudProvider, InitContext};
 use ccm_provider_metal::{MetalCloud, MetalConfig};
 use k8s_openapi::api::core::v1::{Node, NodeSpec};
 use kube::api::{Api, PostParams};
+use std::sync::Arc;
 use support::fake_bmc::{FakeBmc, FakeSystem};
 use support::*;
 use tokio_util::sync::CancellationToken;
@@ -114,7 +115,7 @@ async fn two_nodes_on_one_machine_are_both_refused() {
     .await;
     let instances = cloud.instances().expect("instances");
     let got = instances
-        .instances_metadata(&[node("node-a", None), node("node-b", None)])
+        .instances_metadata(&[node("node-a", None), node("node-b", None)].map(Arc::new))
         .await;
     for (r, other) in got.iter().zip(["node-b", "node-a"]) {
         let err = r.as_ref().expect_err("both refused");
@@ -131,7 +132,9 @@ async fn two_nodes_on_one_machine_are_both_refused() {
         )
         .await
         .expect("bound node");
-    let got = instances.instances_metadata(&[node("node-b", None)]).await;
+    let got = instances
+        .instances_metadata(&[node("node-b", None)].map(Arc::new))
+        .await;
     let err = got[0].as_ref().expect_err("machine taken");
     assert!(err.to_string().contains("node-a"), "{err}");
 }

@@ -9,6 +9,7 @@ use ccm_provider_metal::{MetalCloud, MetalConfig};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, PostParams};
+use std::sync::Arc;
 use support::*;
 use tokio_util::sync::CancellationToken;
 
@@ -80,7 +81,7 @@ async fn bmc_credentials_come_from_a_secret() {
 
     assert_eq!(instances.instance_shutdown(&node("good")).await, Ok(true));
     let status = instances
-        .instances_status(&[node("wrong"), node("missing")])
+        .instances_status(&[node("wrong"), node("missing")].map(Arc::new))
         .await;
     let wrong = status[0].as_ref().expect_err("401 is an error");
     assert!(wrong.to_string().contains("401"), "{wrong}");

@@ -7,7 +7,9 @@
 //! gone when a complete listing without down-cell records has no server of that name. Every
 //! error — transport, 401/403, 5xx, a parse error, a 404 that is not Nova's — is an error.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use ccm_cloud::{
@@ -131,8 +133,10 @@ impl OpenStackCloud {
         }
     }
 
-    async fn statuses(&self, nodes: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
-        let keys: Vec<_> = nodes.iter().map(|n| self.key(n)).collect();
+    /// Generic over how the Nodes are held: the batch calls get the controllers' shared Nodes,
+    /// the single calls one borrowed Node, and neither is copied.
+    async fn statuses<N: Borrow<Node>>(&self, nodes: &[N]) -> Vec<CloudResult<InstanceStatus>> {
+        let keys: Vec<_> = nodes.iter().map(|n| self.key(n.borrow())).collect();
         let snap = match self.snapshot(&keys).await {
             Ok(s) => s,
             Err(e) => return nodes.iter().map(|_| Err(e.clone())).collect(),
@@ -154,8 +158,11 @@ impl OpenStackCloud {
             .collect()
     }
 
-    async fn metadata(&self, nodes: &[Node]) -> Vec<CloudResult<Option<InstanceMetadata>>> {
-        let keys: Vec<_> = nodes.iter().map(|n| self.key(n)).collect();
+    async fn metadata<N: Borrow<Node>>(
+        &self,
+        nodes: &[N],
+    ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
+        let keys: Vec<_> = nodes.iter().map(|n| self.key(n.borrow())).collect();
         let snap = match self.snapshot(&keys).await {
             Ok(s) => s,
             Err(e) => return nodes.iter().map(|_| Err(e.clone())).collect(),
@@ -282,12 +289,12 @@ impl Instances for OpenStackCloud {
 
     async fn instances_metadata(
         &self,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
         self.metadata(nodes).await
     }
 
-    async fn instances_status(&self, nodes: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
+    async fn instances_status(&self, nodes: &[Arc<Node>]) -> Vec<CloudResult<InstanceStatus>> {
         self.statuses(nodes).await
     }
 

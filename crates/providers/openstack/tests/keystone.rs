@@ -9,6 +9,7 @@ mod support;
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ccm_cloud::{CloudError, Instances};
@@ -296,7 +297,7 @@ async fn keystone_auth_catalog_renewal_and_errors() {
         ),
         node("b", None),
     ];
-    for r in c.instances_status(&nodes).await {
+    for r in c.instances_status(&nodes.clone().map(Arc::new)).await {
         assert!(
             r.is_err(),
             "an unanswerable lookup must be an error, got {r:?}"
@@ -308,7 +309,7 @@ async fn keystone_auth_catalog_renewal_and_errors() {
     drop(ks);
     let e = c.keystone().endpoint("compute").await;
     assert!(e.is_err());
-    for r in c.instances_status(&nodes).await {
+    for r in c.instances_status(&nodes.clone().map(Arc::new)).await {
         assert!(r.is_err(), "{r:?}");
     }
 }

@@ -478,10 +478,13 @@ impl Instances for Switching {
     async fn instance_metadata(&self, n: &Node) -> CloudResult<Option<InstanceMetadata>> {
         self.i().instance_metadata(n).await
     }
-    async fn instances_metadata(&self, n: &[Node]) -> Vec<CloudResult<Option<InstanceMetadata>>> {
+    async fn instances_metadata(
+        &self,
+        n: &[Arc<Node>],
+    ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
         self.i().instances_metadata(n).await
     }
-    async fn instances_status(&self, n: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
+    async fn instances_status(&self, n: &[Arc<Node>]) -> Vec<CloudResult<InstanceStatus>> {
         self.i().instances_status(n).await
     }
     fn native_batching(&self) -> bool {

@@ -128,7 +128,7 @@ impl Instances for SimCloud {
 
     async fn instances_metadata(
         &self,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
         let out = self
             .call(op::INSTANCES_METADATA, |tx| {
@@ -145,7 +145,7 @@ impl Instances for SimCloud {
         out.unwrap_or_else(|e| vec![Err(e); nodes.len()])
     }
 
-    async fn instances_status(&self, nodes: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
+    async fn instances_status(&self, nodes: &[Arc<Node>]) -> Vec<CloudResult<InstanceStatus>> {
         let out = self
             .call(op::INSTANCES_STATUS, |tx| {
                 self.check_batch(nodes.len())?;

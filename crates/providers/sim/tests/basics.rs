@@ -1,5 +1,6 @@
 //! The sim cloud's contracts, one behaviour per test.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ccm_cloud::{
@@ -54,7 +55,9 @@ async fn lookup_by_provider_id_then_name_and_power_states() {
     assert_eq!(md.node_addresses.len(), 2, "InternalIP and Hostname");
 
     sim.stop_instance(&id).expect("stop");
-    let st = inst.instances_status(&[node("n1", None)]).await;
+    let st = inst
+        .instances_status(&[node("n1", None)].map(Arc::new))
+        .await;
     assert_eq!(
         st[0].clone().expect("ok"),
         ccm_cloud::InstanceStatus {
@@ -64,7 +67,9 @@ async fn lookup_by_provider_id_then_name_and_power_states() {
     );
 
     sim.terminate_instance(&id).expect("terminate");
-    let st = inst.instances_status(&[node("n1", Some(&pid))]).await;
+    let st = inst
+        .instances_status(&[node("n1", Some(&pid))].map(Arc::new))
+        .await;
     assert!(!st[0].clone().expect("ok").exists);
     assert_eq!(
         inst.instance_metadata(&node("n1", None)).await,
@@ -105,14 +110,16 @@ async fn batches_are_one_call_and_bounded() {
     let inst = CloudProvider::instances(&sim).expect("instances");
     assert!(inst.native_batching());
     assert_eq!(inst.max_batch_size(), 3);
-    let nodes = [node("a", None), node("b", None), node("missing", None)];
+    let nodes = [node("a", None), node("b", None), node("missing", None)].map(Arc::new);
     let md = inst.instances_metadata(&nodes).await;
     assert!(md[0].is_ok() && md[1].is_ok());
     assert_eq!(md[2], Err(CloudError::InstanceNotFound));
     assert_eq!(sim.call_count(op::INSTANCES_METADATA), 1);
     assert_eq!(sim.call_count(op::INSTANCE_METADATA), 0);
 
-    let too_many: Vec<_> = (0..4).map(|i| node(&format!("n{i}"), None)).collect();
+    let too_many: Vec<_> = (0..4)
+        .map(|i| Arc::new(node(&format!("n{i}"), None)))
+        .collect();
     let st = inst.instances_status(&too_many).await;
     assert_eq!(st.len(), 4);
     assert!(

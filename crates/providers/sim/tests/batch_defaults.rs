@@ -82,7 +82,7 @@ fn kind() -> impl Strategy<Value = Kind> {
     ]
 }
 
-fn setup(kinds: &[Kind], by_provider_id: &[bool]) -> (Arc<PerNode>, Vec<Node>) {
+fn setup(kinds: &[Kind], by_provider_id: &[bool]) -> (Arc<PerNode>, Vec<Arc<Node>>) {
     let sim = SimCloud::seeded(1);
     let mut nodes = Vec::new();
     for (i, (k, by_pid)) in kinds.iter().zip(by_provider_id).enumerate() {
@@ -97,7 +97,7 @@ fn setup(kinds: &[Kind], by_provider_id: &[bool]) -> (Arc<PerNode>, Vec<Node>) {
             _ => {}
         }
         let pid = format!("sim://{id}");
-        nodes.push(node(&name, by_pid.then_some(pid.as_str())));
+        nodes.push(Arc::new(node(&name, by_pid.then_some(pid.as_str()))));
     }
     let per_node = Arc::new(PerNode {
         sim,

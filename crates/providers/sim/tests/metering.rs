@@ -38,7 +38,9 @@ async fn metering_matches_the_clouds_own_accounting() {
     )
     .expect("op");
 
-    let nodes: Vec<_> = (0..5).map(|i| node(&format!("n{i}"), None)).collect();
+    let nodes: Vec<_> = (0..5)
+        .map(|i| Arc::new(node(&format!("n{i}"), None)))
+        .collect();
     let mut made = 0;
     for n in &nodes {
         let _ = instances.instance_exists(n).await;
@@ -57,8 +59,7 @@ async fn metering_matches_the_clouds_own_accounting() {
         let _ = lb.get_load_balancer("c", &svc).await;
         made += 1;
     }
-    let shared: Vec<_> = nodes.iter().cloned().map(std::sync::Arc::new).collect();
-    let _ = lb.ensure_load_balancer("c", &svc, &shared).await;
+    let _ = lb.ensure_load_balancer("c", &svc, &nodes).await;
     let _ = lb.ensure_load_balancer_deleted("c", &svc).await;
     made += 2;
     let route = Route {

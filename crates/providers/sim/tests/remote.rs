@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use ccm_cloud::{CloudError, CloudProvider, InstanceEventKind, ProviderRegistry, Route, op};
 use ccm_provider_sim::fixtures::{node, service};
@@ -89,11 +90,13 @@ async fn remote_client_shares_the_cloud_and_is_named_in_the_log() {
 
     let pid = format!("sim://{id}");
     let st = instances
-        .instances_status(&[node("x", Some(&pid)), node("gone", None)])
+        .instances_status(&[node("x", Some(&pid)), node("gone", None)].map(Arc::new))
         .await;
     assert!(st[0].clone().expect("ok").exists);
     assert!(!st[1].clone().expect("ok").exists);
-    let md = instances.instances_metadata(&[node("n2", None)]).await;
+    let md = instances
+        .instances_metadata(&[node("n2", None)].map(Arc::new))
+        .await;
     assert_eq!(
         md[0].clone().expect("ok").expect("some").instance_type,
         "sim.medium"

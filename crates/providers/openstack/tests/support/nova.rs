@@ -4,6 +4,7 @@
 //! or refused credentials are errors, never "gone".
 
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ccm_cloud::Instances;
@@ -31,7 +32,7 @@ const GET: &str = "compute GET /servers/{id}";
 
 /// Batched metadata and status, `SHUTOFF`, a deleted server gone after Nova's own 404, wrong
 /// credentials an error. Returns the provider and the Nodes for [`nova_down`].
-pub async fn instances_scenario(stack: &Stack) -> (OpenStackCloud, Vec<Node>) {
+pub async fn instances_scenario(stack: &Stack) -> (OpenStackCloud, Vec<Arc<Node>>) {
     let ids: Vec<String> = ["nova-a", "nova-b", "nova-c"]
         .iter()
         .map(|n| stack.boot(n))
@@ -40,7 +41,10 @@ pub async fn instances_scenario(stack: &Stack) -> (OpenStackCloud, Vec<Node>) {
         node("nova-a", Some(format!("openstack:///{}", ids[0]))),
         node("nova-b", None),
         node("nova-c", Some(format!("openstack://RegionOne/{}", ids[2]))),
-    ];
+    ]
+    .into_iter()
+    .map(Arc::new)
+    .collect::<Vec<_>>();
     let cloud = stack.cloud("ccm-secret");
     cloud.check().await.expect("compute in the catalog");
 
@@ -100,7 +104,7 @@ pub async fn instances_scenario(stack: &Stack) -> (OpenStackCloud, Vec<Node>) {
 }
 
 /// Nova's API stopped: errors for every Node, never gone. Stops Nova: run it last.
-pub async fn nova_down(stack: &Stack, cloud: &OpenStackCloud, nodes: &[Node]) {
+pub async fn nova_down(stack: &Stack, cloud: &OpenStackCloud, nodes: &[Arc<Node>]) {
     let pid = std::fs::read_to_string(stack.dir.join("nova.gpid")).expect("nova pid");
     let _ = Command::new("kill").arg(pid.trim()).status();
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -209,8 +209,8 @@ impl RemoteSim {
         for _ in 0..2 {
             let list = lists.reference(nodes).await;
             let wire = match list {
-                ListRef::Keep(_) => WireNodes::Shared(nodes),
-                ListRef::Same(_) => WireNodes::Shared(&[]),
+                ListRef::Keep(_) => WireNodes(nodes),
+                ListRef::Same(_) => WireNodes(&[]),
             };
             let answer = self
                 .post::<_, WireResult<W>>("/v1/call", &call(wire, list))
@@ -488,21 +488,21 @@ impl Instances for RemoteSim {
 
     async fn instances_metadata(
         &self,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> Vec<CloudResult<Option<InstanceMetadata>>> {
         self.batch::<WireMaybeMetadata, _>(
             CallRef::InstancesMetadata {
-                nodes: WireNodes::Owned(nodes),
+                nodes: WireNodes(nodes),
             },
             nodes.len(),
         )
         .await
     }
 
-    async fn instances_status(&self, nodes: &[Node]) -> Vec<CloudResult<InstanceStatus>> {
+    async fn instances_status(&self, nodes: &[Arc<Node>]) -> Vec<CloudResult<InstanceStatus>> {
         self.batch::<WireStatus, _>(
             CallRef::InstancesStatus {
-                nodes: WireNodes::Owned(nodes),
+                nodes: WireNodes(nodes),
             },
             nodes.len(),
         )

@@ -408,8 +408,10 @@ impl WireNode {
 }
 
 /// Converts received wire nodes for the sim.
-pub(crate) fn nodes_of(wire: Vec<WireNode>) -> Vec<Node> {
-    wire.into_iter().map(WireNode::into_node).collect()
+pub(crate) fn nodes_of(wire: Vec<WireNode>) -> Vec<std::sync::Arc<Node>> {
+    wire.into_iter()
+        .map(|n| std::sync::Arc::new(n.into_node()))
+        .collect()
 }
 
 /// The host names of received wire nodes, as the sim's load balancers keep them (sorted, no
@@ -432,14 +434,9 @@ struct WireNodeRef<'a> {
     provider_id: Option<&'a str>,
 }
 
-/// A node list serialized as `[WireNode, …]` straight from the caller's `Node`s.
+/// A node list serialized as `[WireNode, …]` straight from the caller's shared `Node`s.
 #[derive(Clone, Copy)]
-pub(crate) enum WireNodes<'a> {
-    /// The instances calls' batches.
-    Owned(&'a [Node]),
-    /// The load-balancer calls' shared lists.
-    Shared(&'a [std::sync::Arc<Node>]),
-}
+pub(crate) struct WireNodes<'a>(pub(crate) &'a [std::sync::Arc<Node>]);
 
 fn wire_node_ref(n: &Node) -> WireNodeRef<'_> {
     WireNodeRef {
@@ -450,10 +447,7 @@ fn wire_node_ref(n: &Node) -> WireNodeRef<'_> {
 
 impl Serialize for WireNodes<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            WireNodes::Owned(nodes) => s.collect_seq(nodes.iter().map(wire_node_ref)),
-            WireNodes::Shared(nodes) => s.collect_seq(nodes.iter().map(|n| wire_node_ref(n))),
-        }
+        s.collect_seq(self.0.iter().map(|n| wire_node_ref(n)))
     }
 }
 
