@@ -708,9 +708,7 @@ impl AwsCloud {
             additional_labels: labels,
         }
     }
-}
 
-impl AwsCloud {
     /// Generic over how the Nodes are held: the batch calls get the controllers' shared Nodes,
     /// the single calls one borrowed Node, and neither is copied.
     async fn metadata_of<N: Borrow<Node>>(
