@@ -286,9 +286,8 @@ impl NodeLifecycleController {
     async fn check_cloud(&self, nodes: Vec<Arc<Node>>) {
         for chunk in nodes.chunks(self.batch_max) {
             let results = self.instances.instances_status(chunk).await;
-            let work: Vec<_> = chunk.iter().zip(results).collect();
             let sem = Semaphore::new(WRITE_CONCURRENCY);
-            join_all(work.into_iter().map(|(node, res)| async {
+            join_all(chunk.iter().zip(results).map(|(node, res)| async {
                 let _permit = sem.acquire().await;
                 let name = node.metadata.name.clone().unwrap_or_default();
                 match res {
