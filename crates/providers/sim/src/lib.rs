@@ -18,7 +18,7 @@
 //!
 //! // `sim.instances()` is the inspection snapshot; the capability is `CloudProvider::instances`.
 //! let instances = CloudProvider::instances(&sim).expect("sim has instances");
-//! let node = fixtures::node("node-1", None);
+//! let node = std::sync::Arc::new(fixtures::node("node-1", None));
 //! assert!(instances.instances_status(&[node.clone()]).await[0].is_err()); // injected
 //! let status = instances.instances_status(&[node]).await;
 //! assert!(status[0].as_ref().expect("second call succeeds").exists);
