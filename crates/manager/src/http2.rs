@@ -28,6 +28,9 @@ const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// See [`PING_INTERVAL`].
 const PING_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// TLS sessions each API client keeps for resumption (see [`connector`]).
+const RESUMABLE_SESSIONS: usize = 4;
+
 /// A client builder whose connections negotiate HTTP/2, or `None` where kube-rs's own builder
 /// must serve: plain `http://` servers (no ALPN to negotiate with), proxies, and exec plugins
 /// that hand out client certificates with an expiry (kube-rs tracks that privately).
@@ -83,9 +86,13 @@ pub fn builder(
 fn connector(
     config: &kube::Config,
 ) -> anyhow::Result<hyper_timeout::TimeoutConnector<hyper_rustls::HttpsConnector<HttpConnector>>> {
-    let tls = config
+    let mut tls = config
         .rustls_client_config()
         .context("TLS settings of the API server connection")?;
+    // One server per client: a few resumable sessions are enough, where rustls's default
+    // store allocates room for 256 up front, in each of the CCM's clients (client-go keeps
+    // none: it resumes no sessions).
+    tls.resumption = rustls::client::Resumption::in_memory_sessions(RESUMABLE_SESSIONS);
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);

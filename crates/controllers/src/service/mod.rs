@@ -457,7 +457,9 @@ impl Inner {
         while let Some(key) = self.queue.get().await {
             let result = {
                 let _guard = self.locks.lock(&key).await;
-                self.sync_service(&key).await
+                // Boxed: a sync's state is kilobytes, and inline every worker — 100 by
+                // default, nearly all idle — would hold room for one (0.4 MB of the heap).
+                Box::pin(self.sync_service(&key)).await
             };
             match result {
                 Ok(()) => self.queue.forget(&key),
