@@ -239,6 +239,18 @@ async fn the_lb_list_shares_the_cached_nodes_and_frees_a_replaced_version() {
     env.kube.shutdown().await;
 }
 
+/// The workers (100 by default) wait for work nearly all the time; an idle one must not hold
+/// room for a whole sync's state (inline it was ~4 KiB: 0.4 MB of a CCM at rest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_service_worker_is_small() {
+    let env = Env::new(53).await;
+    let run = start(&env, config());
+    let bytes = run.handle.idle_worker_bytes();
+    assert!(bytes <= 1024, "an idle service worker holds {bytes} bytes");
+    run.stop().await;
+    env.kube.shutdown().await;
+}
+
 /// A Node joining a quiet cluster reaches every load balancer at once, whatever the node
 /// sync window (here an hour): the window only spaces passes that changed load balancers, so
 /// a second join right after the first waits for it.

@@ -285,6 +285,12 @@ impl ServiceHandle {
             .filter(|k| self.inner.queue.failures(k) > 0)
             .count()
     }
+
+    /// What one idle service worker holds, in bytes: `concurrent_service_syncs` of them (100
+    /// by default) wait for work all the time, so their size is memory the CCM keeps at rest.
+    pub fn idle_worker_bytes(&self) -> usize {
+        std::mem::size_of_val(&self.inner.service_worker())
+    }
 }
 
 impl ServiceController {
