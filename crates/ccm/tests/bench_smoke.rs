@@ -65,6 +65,14 @@ fn every_scenario_runs_small() {
     assert!(burst["time_to_ready"]["p99"].as_f64().is_some());
     assert!(burst["api_requests_per_node"]["patch"].as_f64().is_some());
     assert!(burst["cpu_seconds_per_1000_nodes"].as_f64().is_some());
+    // The last node's wait splits into the server's lag (until a watch showed it) and the
+    // CCM's part after it.
+    let seen = burst["last_seen_after_last_registration_seconds"].as_f64();
+    let ready = burst["last_ready_after_last_registration_seconds"].as_f64();
+    assert!(
+        seen.zip(ready).is_some_and(|(s, r)| s <= r),
+        "seen {seen:?}, ready {ready:?}"
+    );
     let join = &scenarios[5];
     assert!(join["time_to_routed"]["max"].as_f64().is_some());
     let scale = &scenarios[6];

@@ -87,6 +87,13 @@ pub(super) async fn burst_on(
         last_ready_after_last_registration_seconds: last_ready
             .zip(last_registered)
             .map(|(d, r)| d.saturating_duration_since(r).as_secs_f64()),
+        last_seen_after_last_registration_seconds: init
+            .seen
+            .lock()
+            .values()
+            .max()
+            .zip(last_registered)
+            .map(|(s, r)| s.saturating_duration_since(r).as_secs_f64()),
         registration_seconds: last_registered.map(|l| l.duration_since(t0).as_secs_f64()),
         registration_latency: Some(registrations(t0, &registered).latency),
         all_routes_seconds: routes_at,

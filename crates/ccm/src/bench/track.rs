@@ -22,9 +22,12 @@ use super::env::Env;
 use super::report::ScenarioResult;
 use crate::cluster::SimCluster;
 
-/// Records when each object first satisfied a predicate, from a watch.
+/// Records when each object first satisfied a predicate, from a watch, and when the watch
+/// first showed it at all: the API server's lag behind its own writes, which every watcher —
+/// the CCM's informers too — waits out before it can act.
 pub(super) struct Tracker {
     pub(super) first: Arc<Mutex<HashMap<String, Instant>>>,
+    pub(super) seen: Arc<Mutex<HashMap<String, Instant>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -40,7 +43,8 @@ impl Tracker {
             + 'static,
     {
         let first: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-        let f = first.clone();
+        let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+        let (f, s) = (first.clone(), seen.clone());
         let task = tokio::spawn(async move {
             // Backoff matters: without it a watch error (the API server going away at the end of
             // a scenario) is retried in a tight loop that never yields to the runtime.
@@ -52,14 +56,17 @@ impl Tracker {
                     Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => o,
                     _ => continue,
                 };
-                if pred(&obj)
-                    && let Some(name) = obj.meta().name.clone()
-                {
-                    f.lock().entry(name).or_insert_with(Instant::now);
+                let Some(name) = obj.meta().name.clone() else {
+                    continue;
+                };
+                let now = Instant::now();
+                if pred(&obj) {
+                    f.lock().entry(name.clone()).or_insert(now);
                 }
+                s.lock().entry(name).or_insert(now);
             }
         });
-        Tracker { first, task }
+        Tracker { first, seen, task }
     }
 
     pub(super) fn nodes(client: kube::Client, pred: fn(&Node) -> bool) -> Self {
