@@ -541,8 +541,9 @@ fn jiff_now() -> String {
         .to_string()
 }
 
-/// A seeded sim cloud where every call takes `latency` plus up to `latency / jitter_divisor`,
-/// and a `fault_rate` fraction of calls fail (demo and bench differ only in these numbers).
+/// A seeded sim cloud where every call takes `latency` plus up to `latency / jitter_divisor`
+/// (0: exactly `latency`), and a `fault_rate` fraction of calls fail (demo and bench differ
+/// only in these numbers).
 pub fn sim_cloud(
     seed: u64,
     latency: Duration,
@@ -557,7 +558,7 @@ pub fn sim_cloud(
         "*",
         ccm_provider_sim::Latency {
             fixed: latency,
-            jitter: latency / jitter_divisor.max(1),
+            jitter: latency.checked_div(jitter_divisor).unwrap_or_default(),
         },
     )?;
     if fault_rate > 0.0 {

@@ -62,6 +62,13 @@ pub struct CostModel {
     /// the serialized event), serially per kind: how far watchers trail a busy server
     /// (`crate::watch_cache`).
     pub dispatch: Cost,
+    /// CPU a watcher spends on each chunk of events it sends (per KiB of the chunk): a real
+    /// server's watch handler encodes, frames, encrypts and writes, and flushes only once no
+    /// further event is waiting (`serveWatch`), on the same cores as every request. While a
+    /// burst keeps the cores busy the write waits for one, the events dispatched meanwhile go
+    /// out with the next write, and a watcher receives the burst in clumps, not one event per
+    /// read.
+    pub send: Cost,
     /// Time a write waits for its commit (etcd Raft + fsync), not CPU.
     pub commit: Cost,
     /// Extra commit wait per write already committing when this one starts: etcd applies
@@ -82,28 +89,26 @@ impl CostModel {
 
     /// Calibrated against kube-apiserver 1.36.2 + etcd 3.6.8 on a 2-core machine: `ccm bench
     /// reference` plays the workload of that server's reference run (32 clients register
-    /// 1,000 Nodes with the reference run's bodies, 200 LoadBalancer Services, a join) against
-    /// the CCM measured there (main 1fc782c), and these costs reproduce the real server's
-    /// throughput and its watchers' lag: the kubelets' 1,000 POST + PATCH pairs took 3.39 s
-    /// there and 3.93–4.47 s here, time to initialized p99 1.40 s there and 1.13–1.26 s here
-    /// (0.73 s in one run of four: the lag sits near a tipping point), LB ingress p99 0.12 s
-    /// there and 0.10–0.11 s here, the last LB update of the join landed 1.47 s and
-    /// 1.75–1.83 s after it
-    /// (docs/BENCHMARKS.md lists every figure and the ones the model does not reproduce).
+    /// 1,000 Nodes with the reference run's bodies, 200 LoadBalancer Services from 32 clients,
+    /// a join) against the CCM measured there (main 1fc782c), and these costs reproduce the
+    /// burst as the real server ran it: time to initialized p50 / p99 1.09 / 1.40 s there and
+    /// 1.02–1.14 / 1.37–1.56 s here, routed p99 1.36 s there and 1.33–1.53 s here, the CCM's
+    /// CPU in the burst 0.68 s there and 0.75–0.83 s here, LB ingress p50 0.06 s there and
+    /// 0.065–0.067 s here (docs/BENCHMARKS.md lists every figure, four runs, and the ones the
+    /// model does not reproduce).
     ///
     /// kube-sim's own request handling (JSON and protobuf, strategic-merge patches,
     /// managedFields, watch fan-out) is real CPU on the same cores, and with bodies the size a
     /// real cluster's are it is most of what a real server spends; the model adds only the
     /// rest: a write 0.55 ms + 0.07 ms/KiB of CPU, a GET 0.15 ms + 0.02 ms/KiB, a LIST 0.3 ms +
-    /// 0.06 ms/KiB, a WATCH 0.3 ms to start, and etcd's commit as time, not CPU: 10 ms +
-    /// 0.5 ms/KiB per write (Raft and fsync on a cloud disk); the watch cache spends 75 µs on
-    /// each event, one at a time per kind, which is what makes watchers trail a busy server by
-    /// the second the real one showed (`crate::watch_cache`). A Service create takes its turn
-    /// at the allocator for 3 ms, one at a time: the real server's 200 creates from 32 clients
-    /// took 0.9 s, and creates arriving at once kept the model's cores saturated for the whole
-    /// time the CCM ensured their load balancers. The model fitted to the small
-    /// bodies kube-sim's kubelets used to send charged 6× this CPU per write; with today's
-    /// bodies it made the same registrations take 20 s.
+    /// 0.06 ms/KiB, a WATCH 0.3 ms to start, and etcd's commit as time, not CPU: 2 ms +
+    /// 0.5 ms/KiB per write (what a quiet server's LB ingress leaves for two writes beside a
+    /// 50 ms cloud call; under a burst the writes wait for CPU, not for the commit). The watch
+    /// cache spends 75 µs on each event, one at a time per kind, and each watcher 40 µs +
+    /// 5 µs/KiB on each write it sends: together they make watchers trail a busy server by the
+    /// second the real one showed and hand the CCM the burst in clumps (`crate::watch_cache`).
+    /// A Service create takes its turn at the allocator for 3 ms, one at a time: the real
+    /// server's 200 creates from 32 clients took 0.9 s.
     pub fn calibrated() -> Self {
         CostModel {
             get: Cost::micros(150, 20),
@@ -111,7 +116,8 @@ impl CostModel {
             watch: Cost::micros(300, 0),
             write: Cost::micros(550, 70),
             dispatch: Cost::micros(75, 0),
-            commit: Cost::micros(10_000, 500),
+            send: Cost::micros(40, 5),
+            commit: Cost::micros(2_000, 500),
             commit_queue: Duration::ZERO,
             allocate: Cost::micros(3_000, 0),
         }
@@ -130,6 +136,7 @@ impl CostModel {
             watch: scale(self.watch),
             write: scale(self.write),
             dispatch: scale(self.dispatch),
+            send: scale(self.send),
             commit: self.commit,
             commit_queue: self.commit_queue,
             allocate: self.allocate,
@@ -137,14 +144,14 @@ impl CostModel {
     }
 
     /// Sets one knob from `KNOB=BASE_US+PER_KIB_US` (e.g. `write=1800+200`), `KNOB` one of
-    /// `get`, `list`, `watch`, `write`, `dispatch`, `commit`, `commit-queue` (µs per write
+    /// `get`, `list`, `watch`, `write`, `dispatch`, `send`, `commit`, `commit-queue` (µs per write
     /// ahead, no per-KiB part), `allocate`: to fit the model to another server, or to ask how
     /// a figure moves with one cost.
     pub fn set_knob(&mut self, spec: &str) -> Result<(), String> {
         let usage = || {
             format!(
                 "{spec:?}: expected KNOB=BASE_US+PER_KIB_US with KNOB one of get, list, watch, \
-                 write, dispatch, commit, commit-queue (BASE_US only), allocate (e.g. \
+                 write, dispatch, send, commit, commit-queue (BASE_US only), allocate (e.g. \
                  write=1800+200)"
             )
         };
@@ -160,6 +167,7 @@ impl CostModel {
             "watch" => self.watch = cost,
             "write" => self.write = cost,
             "dispatch" => self.dispatch = cost,
+            "send" => self.send = cost,
             "commit" => self.commit = cost,
             "commit-queue" if cost.per_kib.is_zero() => self.commit_queue = cost.base,
             "allocate" => self.allocate = cost,
@@ -208,6 +216,11 @@ impl CostModel {
     /// Burns one watch event's dispatch CPU on a blocking thread.
     pub(crate) async fn charge_dispatch(&self, bytes: usize) {
         burn_on_blocking_thread(self.dispatch.of(bytes)).await;
+    }
+
+    /// Burns the CPU of one watch write of `bytes` on a blocking thread.
+    pub(crate) async fn charge_send(&self, bytes: usize) {
+        burn_on_blocking_thread(self.send.of(bytes)).await;
     }
 
     /// Charges one request: burns its CPU on a blocking thread (real cores, real contention),
@@ -307,6 +320,8 @@ mod tests {
         assert_eq!(m.write, Cost::micros(1_800, 200));
         m.set_knob("get=500").expect("per KiB defaults to 0");
         assert_eq!(m.get, Cost::micros(500, 0));
+        m.set_knob("send=40+3").expect("a watch write's CPU");
+        assert_eq!(m.send, Cost::micros(40, 3));
         let err = m.set_knob("wrte=1+1").expect_err("unknown knob");
         assert!(err.contains("wrte=1+1") && err.contains("write"), "{err}");
         assert!(m.set_knob("write=fast").is_err());

@@ -1265,6 +1265,7 @@ async fn run_watch(
                     tx: &tx,
                     disconnect: &mut disconnect,
                     chunk: Chunk::default(),
+                    cost: shared.cost.read().clone(),
                 };
                 if !out.send(&filter, cursor.as_mut(), batch, &mut last_rv).await || lagged {
                     break;
@@ -1279,6 +1280,8 @@ struct Outbox<'a> {
     tx: &'a mpsc::Sender<Result<Bytes, Infallible>>,
     disconnect: &'a mut tokio::sync::watch::Receiver<u64>,
     chunk: Chunk,
+    /// The cost model when the batch arrived: what each write costs the server.
+    cost: Arc<crate::cost::CostModel>,
 }
 
 impl Outbox<'_> {
@@ -1306,9 +1309,16 @@ impl Outbox<'_> {
         self.flush().await
     }
 
+    /// Sends the chunk once its write's CPU is spent; events dispatched meanwhile wait for
+    /// the next write, as they do behind a busy server's watch handler.
     async fn flush(&mut self) -> bool {
         match self.chunk.take() {
-            Some(b) => self.tx.send(Ok(b)).await.is_ok(),
+            Some(b) => {
+                if !self.cost.send.is_zero() {
+                    self.cost.charge_send(b.len()).await;
+                }
+                self.tx.send(Ok(b)).await.is_ok()
+            }
             None => true,
         }
     }

@@ -11,7 +11,10 @@
 //! With a non-zero [`CostModel::dispatch`](crate::cost::CostModel::dispatch), a [`Dispatch`]
 //! keeps one cacher per kind: a task that takes the kind's events in order and burns their
 //! dispatch CPU on a blocking thread (real CPU, competing for the cores), then advances the
-//! kind's *cursor*. A watcher sends a live event only once the cursor has reached it.
+//! kind's *cursor*. A watcher sends a live event only once the cursor has reached it, and
+//! with a non-zero [`CostModel::send`](crate::cost::CostModel::send) each write it makes first
+//! spends that CPU: the events dispatched meanwhile leave together in its next write, as they
+//! do from a busy kube-apiserver's watch handler, which flushes only once none is waiting.
 
 use std::sync::{Arc, OnceLock, Weak};
 

@@ -141,8 +141,11 @@ pub(super) fn free_port() -> anyhow::Result<u16> {
     Ok(ccm_kube_sim::ports::free_loopback_ports(1)?)
 }
 
+/// The bench's sim cloud: `--cloud-latency` plus up to a tenth more, or exactly it where a
+/// scenario plays a workload whose cloud had no jitter.
 pub(super) fn sim_cloud(opts: &BenchOptions, fault_rate: f64) -> anyhow::Result<SimCloud> {
-    crate::cluster::sim_cloud(7, opts.cloud_latency.0, 10, fault_rate)
+    let jitter_divisor = if opts.exact_cloud_latency { 0 } else { 10 };
+    crate::cluster::sim_cloud(7, opts.cloud_latency.0, jitter_divisor, fault_rate)
 }
 
 impl Env {

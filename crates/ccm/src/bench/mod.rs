@@ -100,6 +100,10 @@ pub struct BenchOptions {
     /// Scenarios to run (default: all, in this order).
     #[arg(value_enum)]
     pub scenarios: Vec<Scenario>,
+    /// Every cloud call takes exactly `--cloud-latency`, without the usual tenth of jitter
+    /// (set by the reference scenario, whose real run had none).
+    #[arg(skip)]
+    pub exact_cloud_latency: bool,
     /// Nodes for burst, idle and services.
     #[arg(long, default_value_t = 1000)]
     pub nodes: u32,
@@ -139,7 +143,7 @@ pub struct BenchOptions {
     #[arg(long, default_value_t = 1.0)]
     pub api_cost_scale: f64,
     /// Sets one cost of the calibrated model, `KNOB=BASE_US+PER_KIB_US` with KNOB one of get,
-    /// list, watch, write, dispatch, commit, commit-queue (µs per write ahead), allocate
+    /// list, watch, write, dispatch, send, commit, commit-queue (µs per write ahead), allocate
     /// (repeatable; applied before --api-cost-scale): to fit the model to another server
     /// (docs/BENCHMARKS.md, "The cost model").
     #[arg(long = "api-cost-knob")]

@@ -94,8 +94,10 @@ pub(super) async fn reference(opts: &BenchOptions) -> anyhow::Result<ScenarioRes
         opts.nodes, opts.services
     ));
     let started = Instant::now();
+    // The reference run's cloud took exactly 50 ms per call (`fixed_ms = 50`, no jitter).
     let opts = BenchOptions {
         objects: Bodies::Reference,
+        exact_cloud_latency: true,
         ..opts.clone()
     };
     // The reference run's CCM ran without leader election.
