@@ -218,7 +218,8 @@ impl CostModel {
         burn_on_blocking_thread(self.dispatch.of(bytes)).await;
     }
 
-    /// Burns the CPU of one watch write of `bytes` on a blocking thread.
+    /// Burns the CPU of one watch write of `bytes` on a blocking thread (none when `send` is
+    /// free: the write goes out at once).
     pub(crate) async fn charge_send(&self, bytes: usize) {
         burn_on_blocking_thread(self.send.of(bytes)).await;
     }

@@ -1314,9 +1314,7 @@ impl Outbox<'_> {
     async fn flush(&mut self) -> bool {
         match self.chunk.take() {
             Some(b) => {
-                if !self.cost.send.is_zero() {
-                    self.cost.charge_send(b.len()).await;
-                }
+                self.cost.charge_send(b.len()).await;
                 self.tx.send(Ok(b)).await.is_ok()
             }
             None => true,

@@ -69,11 +69,7 @@ async fn watchers_hear_of_writes_after_the_cacher_dispatched_them_in_order() {
 }
 
 /// The data frames of one raw watch of ConfigMaps until `events` lines have arrived.
-async fn frames_until(
-    client: &kube::Client,
-    rv: &str,
-    events: usize,
-) -> (Vec<usize>, kube::client::Body) {
+async fn frames_until(client: &kube::Client, rv: &str, events: usize) -> Vec<usize> {
     let req = http::Request::get(format!(
         "/api/v1/namespaces/default/configmaps?watch=true&resourceVersion={rv}"
     ))
@@ -94,7 +90,7 @@ async fn frames_until(
             lines_per_frame.push(data.iter().filter(|b| **b == b'\n').count());
         }
     }
-    (lines_per_frame, body)
+    lines_per_frame
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,7 +107,7 @@ async fn a_watcher_busy_writing_sends_the_events_that_arrived_meanwhile_in_one_w
     let rv = sim.resource_version().to_string();
     let watch = tokio::spawn({
         let (client, rv) = (client.clone(), rv.clone());
-        async move { frames_until(&client, &rv, EVENTS).await.0 }
+        async move { frames_until(&client, &rv, EVENTS).await }
     });
     // The watch is registered before the first write (a raw watch answers its headers at once).
     tokio::time::sleep(Duration::from_millis(200)).await;
