@@ -166,6 +166,21 @@ impl SimCluster {
         self.user.clone()
     }
 
+    /// The name node number `i` registers as.
+    pub fn node_name(i: u32) -> String {
+        format!("node-{i:05}")
+    }
+
+    /// The instance behind node number `i` as [`Self::register`] creates it: its InternalIP is
+    /// the node IP the kubelet reports. A cloud that lives elsewhere (in the CCM's process) is
+    /// given these up front, as a real cloud has its VMs before their kubelets start.
+    pub fn registered_instance(i: u32) -> InstanceSpec {
+        InstanceSpec {
+            internal_ip: Some(node_ip(i).into()),
+            ..InstanceSpec::new(Self::node_name(i))
+        }
+    }
+
     /// The pod CIDR of node number `i`: a /24 of [`CLUSTER_CIDR`], distinct for 65,536 nodes.
     pub fn pod_cidr(i: u32) -> String {
         let (high, n) = if i < 32_768 {
@@ -185,7 +200,7 @@ impl SimCluster {
 
     /// Registers node number `i` as a kubelet configured as `kubelet` does.
     pub async fn add_node_as(&self, i: u32, kubelet: Kubelet) -> anyhow::Result<String> {
-        let name = format!("node-{i:05}");
+        let name = Self::node_name(i);
         if self.bodies != Bodies::Minimal && kubelet == Kubelet::External {
             return Ok(self.register(i).await?.0);
         }
@@ -216,12 +231,9 @@ impl SimCluster {
     /// kubelet reports, as on a real VM. Returns the name and when the POST returned (the
     /// reference run's time zero).
     pub async fn register(&self, i: u32) -> anyhow::Result<(String, std::time::Instant)> {
-        let name = format!("node-{i:05}");
+        let name = Self::node_name(i);
         let ip = node_ip(i);
-        self.cloud.add_instance(InstanceSpec {
-            internal_ip: Some(ip.into()),
-            ..InstanceSpec::new(name.clone())
-        });
+        self.cloud.add_instance(Self::registered_instance(i));
         let mut node = ccm_kube_sim::realistic_node(&name, &Self::pod_cidr(i));
         let mut status = ccm_kube_sim::realistic_node_status(&name, &ip.to_string(), &jiff_now());
         if self.bodies == Bodies::Reference {
@@ -244,7 +256,7 @@ impl SimCluster {
     /// is created once, then the Node POST and the status PATCH are each retried (every
     /// 200 ms, for up to `give_up`) until accepted.
     pub async fn add_node_persistent(&self, i: u32, give_up: Duration) -> anyhow::Result<String> {
-        let name = format!("node-{i:05}");
+        let name = Self::node_name(i);
         self.cloud.add_instance(InstanceSpec::new(name.clone()));
         let nodes: Api<Node> = Api::all(self.kubelet.clone());
         let node = Self::node_object(&name, i, Kubelet::External)?;

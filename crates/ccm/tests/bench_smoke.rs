@@ -239,6 +239,9 @@ fn the_reference_scenario_runs_small_and_compares_only_at_its_size() {
     assert!(figure("(c) ingress p99")["measured"].as_f64().is_some());
     // One join with 4 LBs updates each of them once.
     assert_eq!(figure("(d) UpdateLoadBalancer calls")["measured"], 4.0);
+    // The cloud runs in the CCM's process, as in the real run: its calls are the CCM's
+    // metrics' — a route for each of the 20 Nodes and the two that joined.
+    assert_eq!(r["cloud_calls"]["create_route"], 22, "{r}");
     assert!(rows.iter().all(|row| row["real"].is_null()), "{r}");
     // A malformed knob names itself and the fix.
     let stderr = bench_failure(&[

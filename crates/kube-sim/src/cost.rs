@@ -90,12 +90,12 @@ impl CostModel {
     /// Calibrated against kube-apiserver 1.36.2 + etcd 3.6.8 on a 2-core machine: `ccm bench
     /// reference` plays the workload of that server's reference run (32 clients register
     /// 1,000 Nodes with the reference run's bodies, 200 LoadBalancer Services from 32 clients,
-    /// a join) against the CCM measured there (main 1fc782c), and these costs reproduce the
-    /// burst as the real server ran it: time to initialized p50 / p99 1.09 / 1.40 s there and
-    /// 1.02–1.14 / 1.37–1.56 s here, routed p99 1.36 s there and 1.33–1.53 s here, the CCM's
-    /// CPU in the burst 0.68 s there and 0.75–0.83 s here, LB ingress p50 0.06 s there and
-    /// 0.065–0.067 s here (docs/BENCHMARKS.md lists every figure, four runs, and the ones the
-    /// model does not reproduce).
+    /// a join; the sim cloud in the CCM's process) against the CCM measured there (main
+    /// 1fc782c), and these costs reproduce it: time to initialized p50 1.09 s there and
+    /// 0.72–1.24 s here (eight runs, a tipping point between them), LB ingress p50 0.06 s there
+    /// and 0.062–0.064 s here, the CCM's peak RSS 34 / 48 / 58 MB there and 29–31 / 44 / 54 MB
+    /// here (docs/BENCHMARKS.md lists every figure and the ones the model does not reproduce:
+    /// the CCM's CPU, LB ingress at p99).
     ///
     /// kube-sim's own request handling (JSON and protobuf, strategic-merge patches,
     /// managedFields, watch fan-out) is real CPU on the same cores, and with bodies the size a
@@ -104,7 +104,7 @@ impl CostModel {
     /// 0.06 ms/KiB, a WATCH 0.3 ms to start, and etcd's commit as time, not CPU: 2 ms +
     /// 0.5 ms/KiB per write (what a quiet server's LB ingress leaves for two writes beside a
     /// 50 ms cloud call; under a burst the writes wait for CPU, not for the commit). The watch
-    /// cache spends 75 µs on each event, one at a time per kind, and each watcher 40 µs +
+    /// cache spends 60 µs on each event, one at a time per kind, and each watcher 40 µs +
     /// 5 µs/KiB on each write it sends: together they make watchers trail a busy server by the
     /// second the real one showed and hand the CCM the burst in clumps (`crate::watch_cache`).
     /// A Service create takes its turn at the allocator for 3 ms, one at a time: the real
@@ -115,7 +115,7 @@ impl CostModel {
             list: Cost::micros(300, 60),
             watch: Cost::micros(300, 0),
             write: Cost::micros(550, 70),
-            dispatch: Cost::micros(75, 0),
+            dispatch: Cost::micros(60, 0),
             send: Cost::micros(40, 5),
             commit: Cost::micros(2_000, 500),
             commit_queue: Duration::ZERO,

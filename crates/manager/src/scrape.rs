@@ -19,7 +19,11 @@ pub struct Scraper {
     addr: SocketAddr,
     tls: tokio_rustls::TlsConnector,
     token: Option<String>,
+    /// With [`Scraper::keep_alive`]: the connection to send the next request on.
+    kept: Option<Arc<tokio::sync::Mutex<Option<Connection>>>>,
 }
+
+type Connection = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
 
 impl Scraper {
     /// Trusts the CA certificates in `ca_pem` (a chain file works: every certificate in it is
@@ -71,7 +75,17 @@ impl Scraper {
             addr,
             tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
             token,
+            kept: None,
         })
+    }
+
+    /// Sends every request on one connection while it lasts, as Prometheus does with each
+    /// target. Without it each request is a new connection and a TLS handshake, work for the
+    /// CCM that a Prometheus scraping it does not cause: a bench that reads /metrics every few
+    /// seconds for minutes would measure its own reading. Clones share the connection.
+    pub fn keep_alive(mut self) -> Self {
+        self.kept = Some(Arc::default());
+        self
     }
 
     /// For a CCM started with `--cert-dir=dir` (and no `--tls-cert-file`).
@@ -87,17 +101,41 @@ impl Scraper {
 
     /// GET `path`: (status, body).
     pub async fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let Some(kept) = &self.kept else {
+            return self.get_on(&mut self.connect().await?, path).await;
+        };
+        let mut slot = kept.lock().await;
+        if let Some(mut conn) = slot.take()
+            && !conn.is_closed()
+            && let Ok(answer) = self.get_on(&mut conn, path).await
+        {
+            *slot = Some(conn);
+            return Ok(answer);
+        }
+        // No connection yet, or the CCM closed it: a new one (a GET may be sent again).
+        let mut conn = self.connect().await?;
+        let answer = self.get_on(&mut conn, path).await?;
+        *slot = Some(conn);
+        Ok(answer)
+    }
+
+    async fn connect(&self) -> anyhow::Result<Connection> {
         let tcp = tokio::net::TcpStream::connect(self.addr).await?;
         let name = ServerName::IpAddress(self.addr.ip().into());
         let tls = self.tls.connect(name, tcp).await?;
-        let (mut send, conn) =
+        let (send, conn) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await?;
         tokio::spawn(conn);
+        Ok(send)
+    }
+
+    async fn get_on(&self, conn: &mut Connection, path: &str) -> anyhow::Result<(u16, String)> {
+        conn.ready().await?;
         let mut req = http::Request::get(path).header(http::header::HOST, "localhost");
         if let Some(t) = &self.token {
             req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
         }
-        let resp = send.send_request(req.body(Empty::<Bytes>::new())?).await?;
+        let resp = conn.send_request(req.body(Empty::<Bytes>::new())?).await?;
         let status = resp.status().as_u16();
         let body = resp.into_body().collect().await?.to_bytes();
         Ok((status, String::from_utf8_lossy(&body).into_owned()))

@@ -99,7 +99,7 @@ pub(super) async fn burst_on(
         all_routes_seconds: routes_at,
         ..Default::default()
     };
-    api_stats(env, nodes, &mut r);
+    api_stats(env, nodes, &mut r).await;
     r.usage = env.usage();
     r.cpu_seconds_per_1000_nodes = Some(r.usage.cpu_seconds * 1000.0 / f64::from(nodes));
     Ok(r)
@@ -162,7 +162,7 @@ pub(super) async fn scale_on(env: &Env, opts: &BenchOptions) -> anyhow::Result<S
     r.services = opts.scale_services;
     // Let caches settle before reading the steady state.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    api_stats(env, opts.scale_nodes, &mut r);
+    api_stats(env, opts.scale_nodes, &mut r).await;
     r.cpu_seconds_per_1000_nodes = Some(burst_cpu * 1000.0 / f64::from(opts.scale_nodes));
     r.converged &= join_at_scale(env, opts, &mut r).await?;
     // After the join: its load-balancer updates can set the peak.
@@ -178,7 +178,7 @@ async fn join_at_scale(
     opts: &BenchOptions,
     r: &mut ScenarioResult,
 ) -> anyhow::Result<bool> {
-    let before = env.lb_updates();
+    let before = env.lb_updates().await;
     let joined = join_one(env, opts, opts.scale_nodes).await?;
     let mut ok = joined.ok;
     let lbs = opts.scale_services.div_ceil(LB_EVERY) as usize;

@@ -109,7 +109,7 @@ pub(super) async fn churn(opts: &BenchOptions) -> anyhow::Result<ScenarioResult>
         churn_operations: Some(ops),
         ..Default::default()
     };
-    api_stats(&env, 0, &mut r);
+    api_stats(&env, 0, &mut r).await;
     r.usage = env.usage();
     env.stop().await;
     r.wall_seconds = started.elapsed().as_secs_f64();

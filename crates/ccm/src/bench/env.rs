@@ -1,5 +1,7 @@
 //! The shared driver: kube-sim (or another API server) and the sim cloud in this process, the
-//! CCM under test as a child process, its /proc usage and /metrics.
+//! CCM under test as a child process, its /proc usage and /metrics. The reference scenario
+//! puts the sim cloud in the CCM's process instead, as its real run did
+//! ([`BenchOptions::cloud_in_ccm`]); then the cloud's calls are read from the CCM's /metrics.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -10,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use ccm_manager::client::USER_AGENT_BASE;
 use ccm_manager::scrape::Scraper;
-use ccm_provider_sim::{SimCloud, SimServer};
+use ccm_provider_sim::{LatencyConfig, SimCloud, SimConfig, SimServer};
 use tokio::process::{Child, Command};
 
 use super::BenchOptions;
@@ -25,6 +27,8 @@ pub(super) struct Env {
     pub(super) pid: u32,
     pub(super) http: Scraper,
     launch: Launch,
+    /// The CCM under test runs its own sim cloud: `cluster.cloud` is not the one it calls.
+    cloud_in_ccm: bool,
 }
 
 /// How the CCM under test is started (again, after a kill).
@@ -64,7 +68,9 @@ impl Launch {
             if exited(pid) {
                 anyhow::bail!(self.exit_report());
             }
+            // One connection for all the bench's reads, as Prometheus keeps one per target.
             if let Ok(s) = Scraper::for_cert_dir(self.addr, &self.cert_dir, self.token.clone())
+                .map(Scraper::keep_alive)
                 && matches!(s.get("/readyz").await, Ok((200, _)))
             {
                 return Ok(s);
@@ -177,13 +183,7 @@ impl Env {
             .map(Path::to_path_buf)
             .unwrap_or_else(std::env::temp_dir);
         let cloud_config = dir.join(format!("bench-cloud-{}.toml", rand::random::<u32>()));
-        std::fs::write(
-            &cloud_config,
-            format!(
-                "endpoint = \"{}\"\nactor = \"ccm-under-test\"\n",
-                server.endpoint()
-            ),
-        )?;
+        std::fs::write(&cloud_config, cloud_config_toml(opts, &server)?)?;
         let bin = match &opts.ccm_bin {
             Some(b) => b.clone(),
             None => ccm_under_test()?,
@@ -225,6 +225,7 @@ impl Env {
             pid,
             http,
             launch,
+            cloud_in_ccm: opts.cloud_in_ccm,
         })
     }
 
@@ -288,7 +289,14 @@ impl Env {
     }
 
     /// `UpdateLoadBalancer` calls the cloud has answered so far.
-    pub(super) fn lb_updates(&self) -> u64 {
+    pub(super) async fn lb_updates(&self) -> u64 {
+        if self.cloud_in_ccm {
+            let calls = self.cloud_calls().await;
+            return calls
+                .get(ccm_cloud::op::UPDATE_LOAD_BALANCER)
+                .copied()
+                .unwrap_or(0);
+        }
         self.cluster
             .cloud
             .call_count(ccm_cloud::op::UPDATE_LOAD_BALANCER)
@@ -318,22 +326,34 @@ impl Env {
         t1: Instant,
         quiet: Duration,
     ) -> (u64, Duration) {
-        let updates = || self.lb_updates() - before;
+        let updates = || async { self.lb_updates().await.saturating_sub(before) };
         // Updates already made count as made now (the caller waited for them): an upper bound.
-        let mut seen = updates();
+        let mut seen = updates().await;
         let mut last_change = if seen > 0 {
             t1.elapsed()
         } else {
             Duration::ZERO
         };
         while t1.elapsed() < last_change + quiet {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            let now = updates();
+            tokio::time::sleep(self.lb_poll_interval(t1.elapsed().saturating_sub(last_change)))
+                .await;
+            let now = updates().await;
             if now != seen {
                 (seen, last_change) = (now, t1.elapsed());
             }
         }
         (seen, last_change)
+    }
+
+    /// How long to wait before looking at the update count again, `since` its last move: ten
+    /// a second while the count moves, one a second once it has been still for two, so that
+    /// the CCM's CPU for rendering /metrics stays a small part of what the run measures.
+    fn lb_poll_interval(&self, since: Duration) -> Duration {
+        match (self.cloud_in_ccm, since < Duration::from_secs(2)) {
+            (false, _) => Duration::from_millis(20),
+            (true, true) => Duration::from_millis(100),
+            (true, false) => Duration::from_secs(1),
+        }
     }
 
     pub(super) async fn metric(&self, prefix: &str) -> u64 {
@@ -346,8 +366,22 @@ impl Env {
             .sum::<f64>() as u64
     }
 
-    pub(super) fn cloud_calls(&self) -> BTreeMap<String, u64> {
+    /// Cloud calls so far by operation, whatever their result: as the sim cloud counted them,
+    /// or, when it runs in the CCM's process, as the CCM's /metrics do (empty if unreadable).
+    pub(super) async fn cloud_calls(&self) -> BTreeMap<String, u64> {
         let mut out = BTreeMap::new();
+        if self.cloud_in_ccm {
+            let Ok((200, body)) = self.http.get("/metrics").await else {
+                return out;
+            };
+            let calls = crate::doctor::metrics::samples(&body)
+                .filter(|(name, _, _)| *name == "cloudprovider_api_requests_total");
+            for (_, series, n) in calls {
+                let op = crate::doctor::metrics::label(series, "operation").unwrap_or_default();
+                *out.entry(op).or_default() += n as u64;
+            }
+            return out;
+        }
         for ((op, _), n) in self.cluster.cloud.calls() {
             *out.entry(op).or_default() += n;
         }
@@ -367,6 +401,41 @@ impl Env {
         let _ = self.child.kill().await;
         let _ = self.server.shutdown().await;
     }
+}
+
+/// The CCM's `--cloud-config`: the bench's served cloud, or with
+/// [`BenchOptions::cloud_in_ccm`] a cloud of its own with the bench's latency and an instance for
+/// each Node the scenario may register (twice `--nodes` and 100 more: the reference run's 2,100
+/// at 1,000 Nodes).
+fn cloud_config_toml(opts: &BenchOptions, server: &SimServer) -> anyhow::Result<String> {
+    if !opts.cloud_in_ccm {
+        return Ok(format!(
+            "endpoint = \"{}\"\nactor = \"ccm-under-test\"\n",
+            server.endpoint()
+        ));
+    }
+    let fixed_ms = u64::try_from(opts.cloud_latency.0.as_millis())?;
+    let jitter_ms = if opts.exact_cloud_latency {
+        0
+    } else {
+        fixed_ms / 10
+    };
+    let own = SimConfig {
+        seed: Some(7),
+        latency: [(
+            "*".to_string(),
+            LatencyConfig {
+                fixed_ms,
+                jitter_ms,
+            },
+        )]
+        .into(),
+        instances: (0..opts.nodes * 2 + 100)
+            .map(SimCluster::registered_instance)
+            .collect(),
+        ..Default::default()
+    };
+    Ok(toml::to_string(&own)?)
 }
 
 /// Whether process `pid` is gone or a zombie (exited, not yet reaped).

@@ -54,7 +54,7 @@ pub(super) async fn join(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> 
         ..Default::default()
     };
     r.usage = env.usage();
-    r.cloud_calls = env.cloud_calls();
+    r.cloud_calls = env.cloud_calls().await;
     env.stop().await;
     r.wall_seconds = started.elapsed().as_secs_f64();
     pb.finish_and_clear();

@@ -37,7 +37,7 @@ pub(super) async fn memory(opts: &BenchOptions) -> anyhow::Result<ScenarioResult
         ..Default::default()
     };
     r.usage = env.usage();
-    api_stats(&env, opts.memory_nodes, &mut r);
+    api_stats(&env, opts.memory_nodes, &mut r).await;
     env.stop().await;
     r.wall_seconds = started.elapsed().as_secs_f64();
     pb.finish_and_clear();

@@ -3,7 +3,8 @@
 //!
 //! The CCM under test runs as a separate child process (`ccm run`), so its RSS and CPU come from
 //! /proc for that process alone. The bench process hosts kube-sim (or talks to `--kubeconfig`)
-//! and the sim cloud, served over HTTP to the child, with a per-call latency (default 50 ms).
+//! and the sim cloud, served over HTTP to the child, with a per-call latency (default 50 ms);
+//! the reference scenario's CCM runs its sim cloud in its own process, as the real run's did.
 //! Numbers are measured, never asserted: see docs/BENCHMARKS.md.
 
 mod burst;
@@ -104,6 +105,11 @@ pub struct BenchOptions {
     /// (set by the reference scenario, whose real run had none).
     #[arg(skip)]
     pub exact_cloud_latency: bool,
+    /// The CCM under test runs the sim cloud in its own process, from its `--cloud-config`,
+    /// instead of calling the bench's over HTTP (set by the reference scenario: the real run's
+    /// cloud was in the CCM's process, so its memory, its CPU and its timing were the CCM's).
+    #[arg(skip)]
+    pub cloud_in_ccm: bool,
     /// Nodes for burst, idle and services.
     #[arg(long, default_value_t = 1000)]
     pub nodes: u32,

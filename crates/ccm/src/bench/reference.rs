@@ -36,7 +36,10 @@ pub struct ReferenceRow {
 }
 
 /// The real server's figures for ccm-rs (main 1fc782c; 1,000 Nodes, 200 Services, 32 clients,
-/// 50 ms cloud): ../shared/reference/real-server-2026-11-25.md. `true`: a fitted figure.
+/// 50 ms cloud): ../shared/reference/real-server-2026-11-25.md. `true`: a fitted figure. The
+/// last UpdateLoadBalancer is not: the real run saw its cloud's counter only through /metrics
+/// scraped every 2 s (upstream's 218 updates and ccm-rs's 400 were both "done after 1.47 s"),
+/// so its figure says "by 1.47 s", not when.
 const REAL: &[(&str, f64, bool)] = &[
     ("(a) the POST+PATCH pairs took, s", 3.39, false),
     ("(a) initialized p50, s", 1.09, true),
@@ -54,7 +57,7 @@ const REAL: &[(&str, f64, bool)] = &[
     ("(d) joined Node initialized, s", 0.08, true),
     ("(d) joined Node routed, s", 0.08, true),
     ("(d) UpdateLoadBalancer calls", 400.0, false),
-    ("(d) last UpdateLoadBalancer done after, s", 1.47, true),
+    ("(d) last UpdateLoadBalancer done after, s", 1.47, false),
     ("(e) cloud calls in the idle window", 3.0, false),
     ("end: CCM CPU, s", 1.25, true),
     ("end: CCM peak RSS, MB", 58.0, true),
@@ -88,21 +91,39 @@ impl Measured {
     }
 }
 
+/// The reference run scraped the CCM's /metrics this often throughout, as Prometheus would;
+/// each scrape is CPU and memory of the CCM's.
+const SCRAPE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Reads the CCM's /metrics every `interval` until dropped.
+async fn scrape_every(env: &Env, interval: Duration) -> std::convert::Infallible {
+    let mut tick = tokio::time::interval(interval);
+    loop {
+        tick.tick().await;
+        let _ = env.http.get("/metrics").await;
+    }
+}
+
 pub(super) async fn reference(opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     let pb = spinner(&format!(
         "reference: {} nodes, idle, {} LoadBalancer Services, a join, idle, a join",
         opts.nodes, opts.services
     ));
     let started = Instant::now();
-    // The reference run's cloud took exactly 50 ms per call (`fixed_ms = 50`, no jitter).
+    // The reference run's cloud was in the CCM's process and took exactly 50 ms per call
+    // (`fixed_ms = 50`, no jitter).
     let opts = BenchOptions {
         objects: Bodies::Reference,
         exact_cloud_latency: true,
+        cloud_in_ccm: true,
         ..opts.clone()
     };
     // The reference run's CCM ran without leader election.
     let env = Env::start(&opts, opts.fault_rate, &["--leader-elect=false".into()]).await?;
-    let r = phases(&env, &opts).await;
+    let r = tokio::select! {
+        r = phases(&env, &opts) => r,
+        never = scrape_every(&env, SCRAPE_INTERVAL) => match never {},
+    };
     env.stop().await;
     let mut r = r?;
     r.wall_seconds = started.elapsed().as_secs_f64();
@@ -116,9 +137,9 @@ async fn phases(env: &Env, opts: &BenchOptions) -> anyhow::Result<ScenarioResult
     tokio::time::sleep(opts.reference_idle.0).await;
     r.converged &= services(env, opts, &mut m, &mut r).await?;
     r.converged &= join_with_lbs(env, opts, &mut m, &mut r).await?;
-    let before: u64 = env.cloud_calls().values().sum();
+    let before: u64 = env.cloud_calls().await.values().sum();
     tokio::time::sleep(opts.reference_idle_after_join.0).await;
-    let after: u64 = env.cloud_calls().values().sum();
+    let after: u64 = env.cloud_calls().await.values().sum();
     m.set(
         "(e) cloud calls in the idle window",
         (after - before) as f64,
@@ -128,7 +149,7 @@ async fn phases(env: &Env, opts: &BenchOptions) -> anyhow::Result<ScenarioResult
     m.set("end: CCM CPU, s", end.cpu_seconds);
     m.set("end: CCM peak RSS, MB", end.peak_rss_mb);
     r.usage = end;
-    r.cloud_calls = env.cloud_calls();
+    r.cloud_calls = env.cloud_calls().await;
     let at_size = opts.nodes == 1000 && opts.services == 200 && opts.kubelets == 32;
     r.reference = m.rows(at_size);
     Ok(r)
@@ -186,7 +207,7 @@ async fn burst(env: &Env, opts: &BenchOptions, m: &mut Measured) -> anyhow::Resu
         registration_seconds: Some(secs(t0, last_registered)),
         ..Default::default()
     };
-    super::track::api_stats(env, opts.nodes, &mut r);
+    super::track::api_stats(env, opts.nodes, &mut r).await;
     r.route_syncs = Some(env.metric("route_controller_route_sync_total").await);
     Ok(r)
 }
@@ -221,7 +242,7 @@ async fn join_with_lbs(
     m: &mut Measured,
     r: &mut ScenarioResult,
 ) -> anyhow::Result<bool> {
-    let before = env.lb_updates();
+    let before = env.lb_updates().await;
     let joined = join_one(env, opts, opts.nodes).await?;
     let (seen, last_change) = env
         .lb_updates_settled(before, joined.at, Duration::from_secs(20))

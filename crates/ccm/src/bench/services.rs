@@ -30,7 +30,7 @@ pub(super) async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResu
         .await?;
     let all_ingress = t0.elapsed().as_secs_f64();
     converged &= all;
-    let updates_before = env.lb_updates();
+    let updates_before = env.lb_updates().await;
     let t1 = Instant::now();
     env.cluster.add_node(opts.nodes).await?;
     converged &= env.until_lbs_have(opts.timeout.0, m, n + 1).await?;
@@ -50,7 +50,7 @@ pub(super) async fn services(opts: &BenchOptions) -> anyhow::Result<ScenarioResu
         node_join_lb_updates: Some(seen),
         ..Default::default()
     };
-    api_stats(&env, 0, &mut r);
+    api_stats(&env, 0, &mut r).await;
     r.usage = env.usage();
     env.stop().await;
     r.wall_seconds = started.elapsed().as_secs_f64();

@@ -191,7 +191,7 @@ pub(super) async fn add_services(
     results.into_iter().collect()
 }
 
-pub(super) fn api_stats(env: &Env, nodes: u32, r: &mut ScenarioResult) {
+pub(super) async fn api_stats(env: &Env, nodes: u32, r: &mut ScenarioResult) {
     if env.cluster.kube.is_some() && nodes > 0 {
         r.api_node_writes_per_node =
             Some(env.cluster.ccm_writes(Some("nodes")) as f64 / f64::from(nodes));
@@ -201,7 +201,7 @@ pub(super) fn api_stats(env: &Env, nodes: u32, r: &mut ScenarioResult) {
     if nodes > 0 {
         r.api_requests_per_node = per_node_by_verb(&r.api_requests, nodes);
     }
-    r.cloud_calls = env.cloud_calls();
+    r.cloud_calls = env.cloud_calls().await;
     r.api_429_answers = env
         .cluster
         .kube

@@ -58,25 +58,7 @@ pub fn parse(body: &str, scraped_at: f64) -> MetricsSample {
         scraped_at,
         ..Default::default()
     };
-    for line in body.lines().filter(|l| !l.starts_with('#')) {
-        let (series, rest) = match line.find('{') {
-            Some(i) => match line[i..].find('}') {
-                Some(j) => (&line[..i + j + 1], &line[i + j + 1..]),
-                None => continue,
-            },
-            None => match line.split_once(' ') {
-                Some((name, rest)) => (name, rest),
-                None => continue,
-            },
-        };
-        let Some(value) = rest
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-        else {
-            continue;
-        };
-        let name = series.split('{').next().unwrap_or(series);
+    for (name, series, value) in samples(body) {
         match name {
             "route_controller_route_sync_total" => {
                 *s.route_syncs.get_or_insert(0.0) += value;
@@ -91,7 +73,27 @@ pub fn parse(body: &str, scraped_at: f64) -> MetricsSample {
     s
 }
 
-fn label(series: &str, key: &str) -> Option<String> {
+/// Every sample of an exposition as (family name, series with its labels, value); lines that
+/// are not samples are skipped.
+pub(crate) fn samples(body: &str) -> impl Iterator<Item = (&str, &str, f64)> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, rest) = match line.find('{') {
+                Some(i) => {
+                    let j = line[i..].find('}')?;
+                    (&line[..i + j + 1], &line[i + j + 1..])
+                }
+                None => line.split_once(' ')?,
+            };
+            let value = rest.split_whitespace().next()?.parse::<f64>().ok()?;
+            let name = series.split('{').next().unwrap_or(series);
+            Some((name, series, value))
+        })
+}
+
+/// The value of label `key` in a series such as `foo{a="b"}`.
+pub(crate) fn label(series: &str, key: &str) -> Option<String> {
     let inner = series.split_once('{')?.1.trim_end_matches('}');
     inner.split(',').find_map(|kv| {
         let (k, v) = kv.split_once('=')?;

@@ -14,7 +14,9 @@ use crate::faults::{Latency, SIM_OPS, Throttle, known_op};
 use crate::remote::RemoteSim;
 
 /// The sim provider's config file (TOML). Every table and field is optional; unknown fields are
-/// errors that name the field. See `examples/sim-cloud.toml` and the crate docs.
+/// errors that name the field. See `examples/sim-cloud.toml` and the crate docs. Written out,
+/// it holds only what is set, so a config written by a newer tool loads in an older CCM unless
+/// it uses a newer field.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SimConfig {
@@ -31,19 +33,19 @@ pub struct SimConfig {
     /// Largest batch one `instances_*` call accepts (default 500).
     pub max_batch_size: Option<usize>,
     /// Latency per operation name, `"*"` for every operation without its own entry.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub latency: BTreeMap<String, LatencyConfig>,
     /// Probability (0..=1) that a call fails with a transient error, per operation or `"*"`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub error_rate: BTreeMap<String, f64>,
     /// Cloud-side rate limit per operation, `"*"` for the whole API.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub throttle: BTreeMap<String, ThrottleConfig>,
     /// Instances that exist from the start.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub instances: Vec<InstanceSpec>,
     /// Disks that exist from the start (for the PersistentVolume labeler).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::VolumeSpec>,
 }
 
