@@ -183,7 +183,7 @@ impl Env {
             .map(Path::to_path_buf)
             .unwrap_or_else(std::env::temp_dir);
         let cloud_config = dir.join(format!("bench-cloud-{}.toml", rand::random::<u32>()));
-        std::fs::write(&cloud_config, cloud_config_toml(opts, &server)?)?;
+        std::fs::write(&cloud_config, cloud_config_toml(opts, &server.endpoint())?)?;
         let bin = match &opts.ccm_bin {
             Some(b) => b.clone(),
             None => ccm_under_test()?,
@@ -407,11 +407,10 @@ impl Env {
 /// [`BenchOptions::cloud_in_ccm`] a cloud of its own with the bench's latency and an instance for
 /// each Node the scenario may register (twice `--nodes` and 100 more: the reference run's 2,100
 /// at 1,000 Nodes).
-fn cloud_config_toml(opts: &BenchOptions, server: &SimServer) -> anyhow::Result<String> {
+fn cloud_config_toml(opts: &BenchOptions, endpoint: &str) -> anyhow::Result<String> {
     if !opts.cloud_in_ccm {
         return Ok(format!(
-            "endpoint = \"{}\"\nactor = \"ccm-under-test\"\n",
-            server.endpoint()
+            "endpoint = \"{endpoint}\"\nactor = \"ccm-under-test\"\n"
         ));
     }
     let fixed_ms = u64::try_from(opts.cloud_latency.0.as_millis())?;
@@ -453,4 +452,49 @@ fn log_tail(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Args {
+        #[command(flatten)]
+        bench: BenchOptions,
+    }
+
+    /// The CCM's own cloud must hold every Node the scenario registers (the burst and both
+    /// joins), each at the IP its kubelet reports, and answer in exactly the bench's latency:
+    /// a Node it lacks would never be initialized.
+    #[test]
+    fn a_ccm_with_its_own_cloud_knows_every_node_the_bench_registers() {
+        let mut opts = Args::parse_from(["bench", "--nodes=1000"]).bench;
+        opts.cloud_in_ccm = true;
+        opts.exact_cloud_latency = true;
+        let text = cloud_config_toml(&opts, "http://unused").expect("config");
+        let config: SimConfig = toml::from_str(&text).expect("the CCM's parser reads it");
+        assert_eq!(config.endpoint, None);
+        assert_eq!(config.instances.len(), 2_100);
+        let cloud = config.build_cloud().expect("a valid sim config");
+        for i in [0, 999, 1000, 1001] {
+            let node = SimCluster::registered_instance(i);
+            let found = cloud
+                .instances()
+                .into_iter()
+                .find(|inst| inst.name == node.name)
+                .unwrap_or_else(|| panic!("no instance {}", node.name));
+            let internal = found.addresses.iter().find(|a| a.type_ == "InternalIP");
+            let want = node.internal_ip.map(|ip| ip.to_string());
+            assert_eq!(internal.map(|a| a.address.clone()), want, "{}", node.name);
+        }
+        assert_eq!(
+            config.latency["*"],
+            LatencyConfig {
+                fixed_ms: 50,
+                jitter_ms: 0
+            }
+        );
+    }
 }
