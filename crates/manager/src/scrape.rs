@@ -141,3 +141,92 @@ impl Scraper {
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::Full;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    use super::*;
+
+    /// A TLS server answering every request `200 m 1`, closing each connection after one answer
+    /// when `one_per_connection`: its address, its CA chain (PEM) and a count of connections.
+    async fn server(one_per_connection: bool) -> (SocketAddr, String, Arc<AtomicUsize>) {
+        let ip = std::net::Ipv4Addr::LOCALHOST;
+        let (chain, key) = crate::tls::self_signed(ip.into()).expect("certificate");
+        let certs = CertificateDer::pem_slice_iter(chain.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .expect("chain");
+        let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .expect("server config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let svc = hyper::service::service_fn(|_req| async {
+                        Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("m 1"))))
+                    });
+                    let mut builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    builder.http1().keep_alive(!one_per_connection);
+                    let _ = builder.serve_connection(TokioIo::new(tls), svc).await;
+                });
+            }
+        });
+        (addr, chain, accepted)
+    }
+
+    #[tokio::test]
+    async fn a_kept_alive_scraper_reads_on_one_connection_and_a_plain_one_on_one_each() {
+        let (addr, ca, accepted) = server(false).await;
+        let kept = Scraper::new(addr, ca.as_bytes(), None)
+            .expect("scraper")
+            .keep_alive();
+        for _ in 0..5 {
+            assert_eq!(
+                kept.get("/metrics").await.expect("read"),
+                (200, "m 1".into())
+            );
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one TLS handshake for five reads"
+        );
+        let plain = Scraper::new(addr, ca.as_bytes(), None).expect("scraper");
+        for _ in 0..3 {
+            assert_eq!(plain.get("/metrics").await.expect("read").0, 200);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test]
+    async fn a_kept_alive_scraper_reconnects_when_the_server_closed_its_connection() {
+        let (addr, ca, accepted) = server(true).await;
+        let kept = Scraper::new(addr, ca.as_bytes(), None)
+            .expect("scraper")
+            .keep_alive();
+        for _ in 0..3 {
+            assert_eq!(kept.get("/metrics").await.expect("read").0, 200);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+}
