@@ -194,12 +194,16 @@ mod tests {
         (addr, chain, accepted)
     }
 
+    fn kept_alive(addr: SocketAddr, ca: &str) -> Scraper {
+        Scraper::new(addr, ca.as_bytes(), None)
+            .expect("scraper")
+            .keep_alive()
+    }
+
     #[tokio::test]
     async fn a_kept_alive_scraper_reads_on_one_connection_and_a_plain_one_on_one_each() {
         let (addr, ca, accepted) = server(false).await;
-        let kept = Scraper::new(addr, ca.as_bytes(), None)
-            .expect("scraper")
-            .keep_alive();
+        let kept = kept_alive(addr, &ca);
         for _ in 0..5 {
             assert_eq!(
                 kept.get("/metrics").await.expect("read"),
@@ -221,9 +225,7 @@ mod tests {
     #[tokio::test]
     async fn a_kept_alive_scraper_reconnects_when_the_server_closed_its_connection() {
         let (addr, ca, accepted) = server(true).await;
-        let kept = Scraper::new(addr, ca.as_bytes(), None)
-            .expect("scraper")
-            .keep_alive();
+        let kept = kept_alive(addr, &ca);
         for _ in 0..3 {
             assert_eq!(kept.get("/metrics").await.expect("read").0, 200);
         }

@@ -18,6 +18,7 @@ use tokio::process::{Child, Command};
 use super::BenchOptions;
 use super::report::Usage;
 use crate::cluster::{CLUSTER_CIDR, SimCluster, wait_until};
+use crate::doctor::metrics::{label, samples};
 
 /// The CCM under test, as a child process, with the sim cloud served to it.
 pub(super) struct Env {
@@ -356,13 +357,20 @@ impl Env {
         }
     }
 
-    pub(super) async fn metric(&self, prefix: &str) -> u64 {
-        let Ok((200, body)) = self.http.get("/metrics").await else {
-            return 0;
-        };
-        body.lines()
-            .filter(|l| l.starts_with(prefix))
-            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+    /// The CCM's /metrics page; empty when it cannot be read.
+    async fn metrics_page(&self) -> String {
+        match self.http.get("/metrics").await {
+            Ok((200, body)) => body,
+            _ => String::new(),
+        }
+    }
+
+    /// The sum of `family`'s samples over all their labels (0 when the page cannot be read).
+    pub(super) async fn metric(&self, family: &str) -> u64 {
+        let page = self.metrics_page().await;
+        samples(&page)
+            .filter(|(name, _, _)| *name == family)
+            .map(|(_, _, v)| v)
             .sum::<f64>() as u64
     }
 
@@ -371,14 +379,12 @@ impl Env {
     pub(super) async fn cloud_calls(&self) -> BTreeMap<String, u64> {
         let mut out = BTreeMap::new();
         if self.cloud_in_ccm {
-            let Ok((200, body)) = self.http.get("/metrics").await else {
-                return out;
-            };
-            let calls = crate::doctor::metrics::samples(&body)
-                .filter(|(name, _, _)| *name == "cloudprovider_api_requests_total");
+            let page = self.metrics_page().await;
+            let calls =
+                samples(&page).filter(|(name, _, _)| *name == "cloudprovider_api_requests_total");
             for (_, series, n) in calls {
-                let op = crate::doctor::metrics::label(series, "operation").unwrap_or_default();
-                *out.entry(op).or_default() += n as u64;
+                *out.entry(label(series, "operation").unwrap_or_default())
+                    .or_default() += n as u64;
             }
             return out;
         }
