@@ -11,8 +11,11 @@
 //! [`CostModel::calibrated`] is tuned so that ccm-rs's 1,000-node burst on kube-sim reproduces
 //! what was measured on kube-apiserver 1.36 + etcd 3.6 on a 2-core machine (docs/BENCHMARKS.md).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
 
 use crate::metrics::Verb;
 
@@ -75,6 +78,19 @@ pub struct CostModel {
     /// writes one after another, so a write that arrives behind others waits for them, and a
     /// quiet server commits sooner than a busy one.
     pub commit_queue: Duration,
+    /// Time etcd takes to commit one *batch* of writes (`base + per_kib ×` the batch's KiB), not
+    /// CPU: etcd's Raft loop commits the proposals that arrived while the previous batch was
+    /// being written, together, with one fsync, and its watch hands the apiserver the batch's
+    /// events together. One batch commits at a time, so under a write burst batches grow, each
+    /// takes longer, and watchers hear of changes in clumps a batch apart; a quiet server
+    /// commits each write on its own. Added to [`Self::commit`]; zero: no batching.
+    pub group_commit: Cost,
+    /// How often a cacher that is behind moves its watchers on, not CPU: etcd serves a watch
+    /// that cannot keep up (its channel full) from its backlog on a timer, so while a burst
+    /// keeps the cacher behind, watchers receive the events in chunks this far apart, and a
+    /// controller that batches what arrives together sees few, large batches. A cacher that
+    /// keeps up passes each event on at once. Zero: every event as soon as it is dispatched.
+    pub catch_up: Duration,
     /// Time a Service create spends on its ClusterIP and NodePort allocations (etcd
     /// transactions on a real server), not CPU, one create at a time: what spreads a burst of
     /// creates out.
@@ -91,11 +107,8 @@ impl CostModel {
     /// reference` plays the workload of that server's reference run (32 clients register
     /// 1,000 Nodes with the reference run's bodies, 200 LoadBalancer Services from 32 clients,
     /// a join; the sim cloud in the CCM's process) against the CCM measured there (main
-    /// 1fc782c), and these costs reproduce it: time to initialized p50 1.09 s there and
-    /// 0.72–1.24 s here (eight runs, a tipping point between them), LB ingress p50 0.06 s there
-    /// and 0.062–0.064 s here, the CCM's peak RSS 34 / 48 / 58 MB there and 29–31 / 44 / 54 MB
-    /// here (docs/BENCHMARKS.md lists every figure and the ones the model does not reproduce:
-    /// the CCM's CPU, LB ingress at p99).
+    /// 1fc782c), and these costs reproduce it (docs/BENCHMARKS.md lists every figure, and the
+    /// ones the model does not reproduce: LB ingress at p99, the kubelets' registrations).
     ///
     /// kube-sim's own request handling (JSON and protobuf, strategic-merge patches,
     /// managedFields, watch fan-out) is real CPU on the same cores, and with bodies the size a
@@ -103,22 +116,28 @@ impl CostModel {
     /// rest: a write 0.55 ms + 0.07 ms/KiB of CPU, a GET 0.15 ms + 0.02 ms/KiB, a LIST 0.3 ms +
     /// 0.06 ms/KiB, a WATCH 0.3 ms to start, and etcd's commit as time, not CPU: 2 ms +
     /// 0.5 ms/KiB per write (what a quiet server's LB ingress leaves for two writes beside a
-    /// 50 ms cloud call; under a burst the writes wait for CPU, not for the commit). The watch
-    /// cache spends 60 µs on each event, one at a time per kind, and each watcher 40 µs +
-    /// 5 µs/KiB on each write it sends: together they make watchers trail a busy server by the
-    /// second the real one showed and hand the CCM the burst in clumps (`crate::watch_cache`).
-    /// A Service create takes its turn at the allocator for 3 ms, one at a time: the real
-    /// server's 200 creates from 32 clients took 0.9 s.
+    /// 50 ms cloud call), plus 0.5 ms per write already committing (a burst's 32 kubelets wait
+    /// behind each other; a quiet server's writes do not). The watch cache spends 20 µs on
+    /// each event, one at a time per kind, and each watcher 40 µs + 5 µs/KiB on each write it
+    /// sends: together they make watchers trail a busy server by the second the real one
+    /// showed. A cacher that is behind moves its watchers on every 100 ms, so the CCM gets a
+    /// burst's Nodes in chunks: the real CCM asked the cloud for instance metadata 52 times
+    /// for 1,000 Nodes, one call per chunk, and spent 0.68 s of CPU; fed one event at a time
+    /// it asks 120–130 times and spends 0.8–1.2 s. A Service create takes its turn at the
+    /// allocator for 3 ms, one at a time: the real server's 200 creates from 32 clients took
+    /// 0.9 s.
     pub fn calibrated() -> Self {
         CostModel {
             get: Cost::micros(150, 20),
             list: Cost::micros(300, 60),
             watch: Cost::micros(300, 0),
             write: Cost::micros(550, 70),
-            dispatch: Cost::micros(60, 0),
+            dispatch: Cost::micros(20, 0),
             send: Cost::micros(40, 5),
             commit: Cost::micros(2_000, 500),
-            commit_queue: Duration::ZERO,
+            commit_queue: Duration::from_micros(500),
+            group_commit: Cost::default(),
+            catch_up: Duration::from_millis(100),
             allocate: Cost::micros(3_000, 0),
         }
     }
@@ -139,20 +158,23 @@ impl CostModel {
             send: scale(self.send),
             commit: self.commit,
             commit_queue: self.commit_queue,
+            group_commit: self.group_commit,
+            catch_up: self.catch_up,
             allocate: self.allocate,
         }
     }
 
     /// Sets one knob from `KNOB=BASE_US+PER_KIB_US` (e.g. `write=1800+200`), `KNOB` one of
     /// `get`, `list`, `watch`, `write`, `dispatch`, `send`, `commit`, `commit-queue` (µs per write
-    /// ahead, no per-KiB part), `allocate`: to fit the model to another server, or to ask how
+    /// ahead, no per-KiB part), `group-commit`, `catch-up` (µs between chunks, no per-KiB part),
+    /// `allocate`: to fit the model to another server, or to ask how
     /// a figure moves with one cost.
     pub fn set_knob(&mut self, spec: &str) -> Result<(), String> {
         let usage = || {
             format!(
                 "{spec:?}: expected KNOB=BASE_US+PER_KIB_US with KNOB one of get, list, watch, \
-                 write, dispatch, send, commit, commit-queue (BASE_US only), allocate (e.g. \
-                 write=1800+200)"
+                 write, dispatch, send, commit, commit-queue (BASE_US only), group-commit, \
+                 catch-up (BASE_US only), allocate (e.g. write=1800+200)"
             )
         };
         let (knob, value) = spec.split_once('=').ok_or_else(usage)?;
@@ -170,6 +192,8 @@ impl CostModel {
             "send" => self.send = cost,
             "commit" => self.commit = cost,
             "commit-queue" if cost.per_kib.is_zero() => self.commit_queue = cost.base,
+            "group-commit" => self.group_commit = cost,
+            "catch-up" if cost.per_kib.is_zero() => self.catch_up = cost.base,
             "allocate" => self.allocate = cost,
             _ => return Err(usage()),
         }
@@ -225,16 +249,83 @@ impl CostModel {
     }
 
     /// Charges one request: burns its CPU on a blocking thread (real cores, real contention),
-    /// then waits its commit latency behind the writes counted in `committing`.
-    pub(crate) async fn charge(&self, verb: Verb, bytes: usize, committing: &AtomicUsize) {
+    /// then waits for its batch in `group` to commit, then its own commit latency behind the
+    /// writes counted in `committing`.
+    pub(crate) async fn charge(&self, verb: Verb, bytes: usize, etcd: &Etcd) {
         burn_on_blocking_thread(self.cpu(verb, bytes)).await;
         if !verb.is_write() {
             return;
         }
-        let queued = Queued::join(committing);
+        if !self.group_commit.is_zero() {
+            etcd.batches.commit(self.group_commit, bytes).await;
+        }
+        let queued = Queued::join(&etcd.committing);
         let commit = self.commit(verb, bytes, queued.ahead);
         if !commit.is_zero() {
             tokio::time::sleep(commit).await;
+        }
+    }
+}
+
+/// What a server's writes wait for together: the writes committing now and etcd's batches.
+#[derive(Default)]
+pub(crate) struct Etcd {
+    /// Writes waiting for their commit now ([`CostModel::commit_queue`]).
+    pub(crate) committing: AtomicUsize,
+    /// Batches of writes committing one after another ([`CostModel::group_commit`]).
+    pub(crate) batches: Arc<GroupCommit>,
+}
+
+/// etcd's group commit: one batch commits at a time, and the writes that arrive meanwhile join
+/// the next batch. A committer task (not a request's future, which a client may drop) writes
+/// the batches until none is waiting.
+#[derive(Default)]
+pub(crate) struct GroupCommit {
+    state: parking_lot::Mutex<Batches>,
+}
+
+#[derive(Default)]
+struct Batches {
+    /// True while the committer task runs.
+    committing: bool,
+    /// The batch writes join now: its size so far and what its writes wait on.
+    next: Option<(usize, watch::Sender<bool>)>,
+}
+
+impl GroupCommit {
+    /// Joins the next batch with `bytes` and waits until that batch has committed, each batch
+    /// taking `cost` of its total size.
+    async fn commit(self: &Arc<Self>, cost: Cost, bytes: usize) {
+        let mut done = {
+            let mut st = self.state.lock();
+            let (size, tx) = st.next.get_or_insert_with(|| (0, watch::channel(false).0));
+            *size += bytes;
+            let rx = tx.subscribe();
+            if !st.committing {
+                st.committing = true;
+                tokio::spawn(Arc::clone(self).run(cost));
+            }
+            rx
+        };
+        // An error means the committer is gone (the runtime shuts down): nothing to wait for.
+        let _ = done.wait_for(|committed| *committed).await;
+    }
+
+    /// Commits batch after batch until no write waits.
+    async fn run(self: Arc<Self>, cost: Cost) {
+        loop {
+            let batch = {
+                let mut st = self.state.lock();
+                match st.next.take() {
+                    Some(b) => b,
+                    None => {
+                        st.committing = false;
+                        return;
+                    }
+                }
+            };
+            tokio::time::sleep(cost.of(batch.0)).await;
+            let _ = batch.1.send(true);
         }
     }
 }
@@ -339,10 +430,10 @@ mod tests {
         let mut model = CostModel::free();
         model.commit = Cost::micros(2_000, 0);
         model.commit_queue = Duration::from_millis(1);
-        let committing = AtomicUsize::new(0);
+        let etcd = Etcd::default();
         let write = || async {
             let start = tokio::time::Instant::now();
-            model.charge(Verb::Patch, 0, &committing).await;
+            model.charge(Verb::Patch, 0, &etcd).await;
             start.elapsed()
         };
         assert_eq!(
@@ -356,11 +447,33 @@ mod tests {
         waits.sort();
         assert_eq!(waits.map(|d| d.as_millis()), [2, 3, 4]);
         assert_eq!(
-            committing.load(Ordering::Relaxed),
+            etcd.committing.load(Ordering::Relaxed),
             0,
             "every write left the queue"
         );
         assert_eq!(write().await, Duration::from_millis(2), "quiet again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn writes_that_arrive_during_a_commit_commit_together_in_the_next_batch() {
+        let mut model = CostModel::free();
+        model.group_commit = Cost::micros(2_000, 1_000);
+        let etcd = Etcd::default();
+        let write = |after_ms: u64| {
+            let (model, etcd) = (&model, &etcd);
+            async move {
+                let t0 = tokio::time::Instant::now();
+                tokio::time::sleep(Duration::from_millis(after_ms)).await;
+                model.charge(Verb::Patch, 1024, etcd).await;
+                t0.elapsed().as_millis()
+            }
+        };
+        assert_eq!(write(0).await, 3, "alone: a batch of one KiB");
+        // The first commits alone (0–3 ms); the two that arrive meanwhile commit together,
+        // a batch of two KiB (3–7 ms); the last arrives after it and commits alone (8–11 ms).
+        let done = tokio::join!(write(0), write(1), write(2), write(8));
+        assert_eq!(<[u128; 4]>::from(done), [3, 7, 7, 11]);
+        assert_eq!(write(0).await, 3, "quiet again: no batch left waiting");
     }
 
     #[tokio::test(start_paused = true)]

@@ -241,7 +241,7 @@ impl KubeSim {
             connections: Default::default(),
             cost: RwLock::new(Arc::new(cfg.cost.clone())),
             allocations: tokio::sync::Mutex::new(()),
-            committing: Default::default(),
+            etcd: Default::default(),
             dispatch: Default::default(),
         });
         watch_cache::Dispatch::start_if_charged(&shared, &cfg.cost);

@@ -47,8 +47,8 @@ pub(crate) struct Shared {
     pub cost: RwLock<Arc<crate::cost::CostModel>>,
     /// Held by a Service create for its allocations (`CostModel::allocate`): one at a time.
     pub allocations: tokio::sync::Mutex<()>,
-    /// Writes waiting for their commit now (`CostModel::commit_queue`).
-    pub committing: std::sync::atomic::AtomicUsize,
+    /// What writes wait for at commit (`CostModel::commit_queue`, `CostModel::group_commit`).
+    pub(crate) etcd: crate::cost::Etcd,
     /// Connections open now (counted once their TLS handshake succeeded, when serving TLS).
     pub connections: std::sync::atomic::AtomicU64,
     /// The watch cache's per-kind cursors, when the cost model charges dispatch.
@@ -619,7 +619,7 @@ impl Shared {
                         cost.charge_allocation(&self.allocations).await;
                     }
                     let bytes = body.len().max(self.stored_size(&target));
-                    cost.charge(verb, bytes, &self.committing).await;
+                    cost.charge(verb, bytes, &self.etcd).await;
                 }
                 // A write is counted before any snapshot of the counters can see its effect
                 // (`Metrics::counting`); dispatch never awaits, so no guard spans an await.
@@ -646,7 +646,7 @@ impl Shared {
                         .exact()
                         .unwrap_or(0);
                     let answered = usize::try_from(answered).unwrap_or(usize::MAX);
-                    cost.charge(verb, answered, &self.committing).await;
+                    cost.charge(verb, answered, &self.etcd).await;
                 }
                 if !verb.is_write() {
                     self.count(verb, &target, resp.status().as_u16(), &client, &user);

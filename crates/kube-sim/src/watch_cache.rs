@@ -17,6 +17,7 @@
 //! do from a busy kube-apiserver's watch handler, which flushes only once none is waiting.
 
 use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
 
@@ -64,12 +65,15 @@ async fn run_cacher(
     mut rx: broadcast::Receiver<Arc<crate::store::WatchEvent>>,
     cursor: watch::Sender<u64>,
 ) {
+    let mut published = tokio::time::Instant::now();
     loop {
+        let mut period = Duration::ZERO;
         let rv = match rx.recv().await {
             Ok(ev) => {
                 let Some(s) = shared.upgrade() else { return };
                 let cost = s.cost.read().clone();
                 drop(s);
+                period = cost.catch_up;
                 if !cost.dispatch.is_zero() {
                     // The serialized line is what the watchers send: computing it is the
                     // cacher's encoding, and they share it.
@@ -86,6 +90,12 @@ async fn run_cacher(
             },
             Err(broadcast::error::RecvError::Closed) => return,
         };
-        cursor.send_replace(rv);
+        // Behind (more events already waiting), the cacher's source hands them over in chunks
+        // `catch_up` apart: watchers see the backlog in clumps, not one event at a time.
+        let now = tokio::time::Instant::now();
+        if rx.is_empty() || now.duration_since(published) >= period {
+            cursor.send_replace(rv);
+            published = now;
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The watch cache's dispatch cost (`--api-cost-knob dispatch=…`): watchers hear of writes only
 //! after the kind's cacher has spent each event's CPU, one event at a time and in order, while
-//! the writes themselves return without waiting for it.
+//! the writes themselves return without waiting for it; a cacher that is behind passes its backlog
+//! on in chunks (`catch-up`).
 
 use std::time::{Duration, Instant};
 
@@ -120,6 +121,44 @@ async fn a_watcher_busy_writing_sends_the_events_that_arrived_meanwhile_in_one_w
     assert_eq!(frames.iter().sum::<usize>(), EVENTS, "{frames:?}");
     // The first write takes 300 ms of the server's CPU; the creates after it are done well
     // within that, so they leave together in the second write, not one write each.
+    assert!(
+        frames.len() <= 2,
+        "{EVENTS} events arrived in {} writes: {frames:?}",
+        frames.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cacher_that_is_behind_hands_its_backlog_to_watchers_in_one_chunk() {
+    let sim = KubeSim::start(Config::default()).await.unwrap();
+    let mut model = CostModel::free();
+    // Long enough that every create lands while the cacher is still on the first event.
+    model.dispatch = Cost {
+        base: Duration::from_millis(300),
+        per_kib: Duration::ZERO,
+    };
+    // Longer than the test: while behind, the cacher moves its watchers on only once it has
+    // caught up.
+    model.catch_up = Duration::from_secs(60);
+    sim.set_cost_model(model);
+    let client = sim.client().unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let rv = sim.resource_version().to_string();
+    let watch = tokio::spawn({
+        let (client, rv) = (client.clone(), rv.clone());
+        async move { frames_until(&client, &rv, EVENTS).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for i in 0..EVENTS {
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": format!("cm-{i}")}})).unwrap();
+        api.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let frames = watch.await.unwrap();
+    // The watcher had taken the first event before the others existed and sends it alone;
+    // the backlog follows in one write. Without the catch-up period each event would reach
+    // the watcher once the cacher had spent its 300 ms on it: four writes, 300 ms apart.
+    assert_eq!(frames.iter().sum::<usize>(), EVENTS, "{frames:?}");
     assert!(
         frames.len() <= 2,
         "{EVENTS} events arrived in {} writes: {frames:?}",
