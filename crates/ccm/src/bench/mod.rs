@@ -149,7 +149,8 @@ pub struct BenchOptions {
     #[arg(long, default_value_t = 1.0)]
     pub api_cost_scale: f64,
     /// Sets one cost of the calibrated model, `KNOB=BASE_US+PER_KIB_US` with KNOB one of get,
-    /// list, watch, write, dispatch, send, commit, commit-queue (µs per write ahead), allocate
+    /// list, watch, write, dispatch, send, commit, commit-queue (µs per write ahead),
+    /// group-commit, catch-up (µs between a lagging watch cache's chunks), allocate
     /// (repeatable; applied before --api-cost-scale): to fit the model to another server
     /// (docs/BENCHMARKS.md, "The cost model").
     #[arg(long = "api-cost-knob")]
