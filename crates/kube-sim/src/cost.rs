@@ -85,11 +85,12 @@ pub struct CostModel {
     /// takes longer, and watchers hear of changes in clumps a batch apart; a quiet server
     /// commits each write on its own. Added to [`Self::commit`]; zero: no batching.
     pub group_commit: Cost,
-    /// How often a cacher that is behind moves its watchers on, not CPU: etcd serves a watch
-    /// that cannot keep up (its channel full) from its backlog on a timer, so while a burst
-    /// keeps the cacher behind, watchers receive the events in chunks this far apart, and a
-    /// controller that batches what arrives together sees few, large batches. A cacher that
-    /// keeps up passes each event on at once. Zero: every event as soon as it is dispatched.
+    /// How often a cacher that is behind moves its watchers on, not CPU. Presumably what etcd
+    /// does to a watch that could not take its events when they were committed: it serves it
+    /// from its backlog on a 100 ms timer. While a burst keeps the cacher behind, watchers
+    /// receive the events in chunks this far apart, and a controller that batches what arrives
+    /// together sees few, large batches. A cacher that keeps up passes each event on at once.
+    /// Zero: every event as soon as it is dispatched.
     pub catch_up: Duration,
     /// Time a Service create spends on its ClusterIP and NodePort allocations (etcd
     /// transactions on a real server), not CPU, one create at a time: what spreads a burst of
@@ -248,9 +249,9 @@ impl CostModel {
         burn_on_blocking_thread(self.send.of(bytes)).await;
     }
 
-    /// Charges one request: burns its CPU on a blocking thread (real cores, real contention),
-    /// then waits for its batch in `group` to commit, then its own commit latency behind the
-    /// writes counted in `committing`.
+    /// Charges one request: burns its CPU on a blocking thread (real cores, real contention);
+    /// a write then waits for its batch to commit (`group_commit`), then its own commit
+    /// latency behind the writes already committing (`commit_queue`).
     pub(crate) async fn charge(&self, verb: Verb, bytes: usize, etcd: &Etcd) {
         burn_on_blocking_thread(self.cpu(verb, bytes)).await;
         if !verb.is_write() {

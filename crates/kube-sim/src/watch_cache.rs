@@ -15,6 +15,9 @@
 //! with a non-zero [`CostModel::send`](crate::cost::CostModel::send) each write it makes first
 //! spends that CPU: the events dispatched meanwhile leave together in its next write, as they
 //! do from a busy kube-apiserver's watch handler, which flushes only once none is waiting.
+//! With a non-zero [`CostModel::catch_up`](crate::cost::CostModel::catch_up), a cacher that is
+//! behind (more events already waiting) moves its cursor only that often, so watchers receive
+//! a backlog in chunks rather than one event per dispatch.
 
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
