@@ -149,13 +149,17 @@ async fn a_cacher_that_is_behind_hands_its_backlog_to_watchers_in_one_chunk() {
         async move { frames_until(&client, &rv, EVENTS).await }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    for i in 0..EVENTS {
+    // All at once, so that every event is stored while the cacher is on the first.
+    futures::future::try_join_all((0..EVENTS).map(|i| {
         let cm: ConfigMap =
             serde_json::from_value(json!({"metadata": {"name": format!("cm-{i}")}})).unwrap();
-        api.create(&PostParams::default(), &cm).await.unwrap();
-    }
+        let api = api.clone();
+        async move { api.create(&PostParams::default(), &cm).await }
+    }))
+    .await
+    .unwrap();
     let frames = watch.await.unwrap();
-    // The watcher had taken the first event before the others existed and sends it alone;
+    // The watcher may take the first event before the others are stored and send it alone;
     // the backlog follows in one write. Without the catch-up period each event would reach
     // the watcher once the cacher had spent its 300 ms on it: four writes, 300 ms apart.
     assert_eq!(frames.iter().sum::<usize>(), EVENTS, "{frames:?}");
