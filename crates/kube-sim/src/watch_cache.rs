@@ -70,25 +70,24 @@ async fn run_cacher(
 ) {
     let mut published = tokio::time::Instant::now();
     loop {
-        let mut period = Duration::ZERO;
-        let rv = match rx.recv().await {
+        // The event's resourceVersion, and how long a cacher behind waits between chunks.
+        let (rv, period) = match rx.recv().await {
             Ok(ev) => {
                 let Some(s) = shared.upgrade() else { return };
                 let cost = s.cost.read().clone();
                 drop(s);
-                period = cost.catch_up;
                 if !cost.dispatch.is_zero() {
                     // The serialized line is what the watchers send: computing it is the
                     // cacher's encoding, and they share it.
                     let bytes = ev.line().len();
                     cost.charge_dispatch(bytes).await;
                 }
-                ev.rv
+                (ev.rv, cost.catch_up)
             }
             // Fell behind its own channel: the skipped events count as dispatched, so no
             // watcher waits for an event the cacher will never see.
             Err(broadcast::error::RecvError::Lagged(_)) => match shared.upgrade() {
-                Some(s) => s.store.rv(),
+                Some(s) => (s.store.rv(), Duration::ZERO),
                 None => return,
             },
             Err(broadcast::error::RecvError::Closed) => return,

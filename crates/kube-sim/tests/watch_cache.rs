@@ -94,30 +94,40 @@ async fn frames_until(client: &kube::Client, rv: &str, events: usize) -> Vec<usi
     lines_per_frame
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_watcher_busy_writing_sends_the_events_that_arrived_meanwhile_in_one_write() {
+/// Starts kube-sim with `model`, watches ConfigMaps raw, creates `EVENTS` of them at once and
+/// returns how many events each data frame of the watch carried.
+async fn frames_of_creates(model: CostModel) -> Vec<usize> {
     let sim = KubeSim::start(Config::default()).await.unwrap();
-    let mut model = CostModel::free();
-    model.send = Cost {
-        base: Duration::from_millis(300),
-        per_kib: Duration::ZERO,
-    };
     sim.set_cost_model(model);
     let client = sim.client().unwrap();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let rv = sim.resource_version().to_string();
     let watch = tokio::spawn({
-        let (client, rv) = (client.clone(), rv.clone());
+        let client = client.clone();
         async move { frames_until(&client, &rv, EVENTS).await }
     });
     // The watch is registered before the first write (a raw watch answers its headers at once).
     tokio::time::sleep(Duration::from_millis(200)).await;
-    for i in 0..EVENTS {
+    // All at once, so that every event is stored while the server is busy with the first.
+    futures::future::try_join_all((0..EVENTS).map(|i| {
         let cm: ConfigMap =
             serde_json::from_value(json!({"metadata": {"name": format!("cm-{i}")}})).unwrap();
-        api.create(&PostParams::default(), &cm).await.unwrap();
-    }
-    let frames = watch.await.unwrap();
+        let api = api.clone();
+        async move { api.create(&PostParams::default(), &cm).await }
+    }))
+    .await
+    .unwrap();
+    watch.await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_busy_writing_sends_the_events_that_arrived_meanwhile_in_one_write() {
+    let mut model = CostModel::free();
+    model.send = Cost {
+        base: Duration::from_millis(300),
+        per_kib: Duration::ZERO,
+    };
+    let frames = frames_of_creates(model).await;
     assert_eq!(frames.iter().sum::<usize>(), EVENTS, "{frames:?}");
     // The first write takes 300 ms of the server's CPU; the creates after it are done well
     // within that, so they leave together in the second write, not one write each.
@@ -130,7 +140,6 @@ async fn a_watcher_busy_writing_sends_the_events_that_arrived_meanwhile_in_one_w
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cacher_that_is_behind_hands_its_backlog_to_watchers_in_one_chunk() {
-    let sim = KubeSim::start(Config::default()).await.unwrap();
     let mut model = CostModel::free();
     // Long enough that every create lands while the cacher is still on the first event.
     model.dispatch = Cost {
@@ -140,25 +149,7 @@ async fn a_cacher_that_is_behind_hands_its_backlog_to_watchers_in_one_chunk() {
     // Longer than the test: while behind, the cacher moves its watchers on only once it has
     // caught up.
     model.catch_up = Duration::from_secs(60);
-    sim.set_cost_model(model);
-    let client = sim.client().unwrap();
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let rv = sim.resource_version().to_string();
-    let watch = tokio::spawn({
-        let (client, rv) = (client.clone(), rv.clone());
-        async move { frames_until(&client, &rv, EVENTS).await }
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // All at once, so that every event is stored while the cacher is on the first.
-    futures::future::try_join_all((0..EVENTS).map(|i| {
-        let cm: ConfigMap =
-            serde_json::from_value(json!({"metadata": {"name": format!("cm-{i}")}})).unwrap();
-        let api = api.clone();
-        async move { api.create(&PostParams::default(), &cm).await }
-    }))
-    .await
-    .unwrap();
-    let frames = watch.await.unwrap();
+    let frames = frames_of_creates(model).await;
     // The watcher may take the first event before the others are stored and send it alone;
     // the backlog follows in one write. Without the catch-up period each event would reach
     // the watcher once the cacher had spent its 300 ms on it: four writes, 300 ms apart.
