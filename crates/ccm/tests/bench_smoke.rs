@@ -243,6 +243,18 @@ fn the_reference_scenario_runs_small_and_compares_only_at_its_size() {
     // metrics' — a route for each of the 20 Nodes and the two that joined.
     assert_eq!(r["cloud_calls"]["create_route"], 22, "{r}");
     assert!(rows.iter().all(|row| row["real"].is_null()), "{r}");
+    // The CCM's CPU per phase accounts for all of it: the burst's and each later phase's
+    // add up to the end of the run's.
+    let cpu = |name: &str| figure(name)["measured"].as_f64().expect("CPU figure");
+    let phases: f64 = ["(a)", "(b)", "(c)", "(d)", "(e)", "(f)"]
+        .map(|phase| cpu(&format!("{phase} CCM CPU")))
+        .iter()
+        .sum();
+    assert!((phases - cpu("end: CCM CPU")).abs() < 1e-6, "{r}");
+    assert!(
+        cpu("(c) CCM CPU") > 0.0,
+        "the Services cost the CCM no CPU: {r}"
+    );
     // A malformed knob names itself and the fix.
     let stderr = bench_failure(&[
         "bench",
