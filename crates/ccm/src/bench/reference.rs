@@ -79,12 +79,23 @@ const FIGURES: &[(&str, Option<f64>, bool)] = &[
 
 /// The figures in [`FIGURES`]' order, as this run measured them.
 #[derive(Default)]
-struct Measured(BTreeMap<&'static str, f64>);
+struct Measured {
+    figures: BTreeMap<&'static str, f64>,
+    /// The CCM's CPU seconds when the last phase ended.
+    cpu_at_last_phase: f64,
+}
 
 impl Measured {
     fn set(&mut self, figure: &'static str, v: f64) {
         debug_assert!(FIGURES.iter().any(|(f, _, _)| *f == figure), "{figure}");
-        self.0.insert(figure, v);
+        self.figures.insert(figure, v);
+    }
+
+    /// Sets the phase's `figure` to the CPU the CCM spent since the last phase ended, `now`
+    /// being its CPU seconds: the phases add up to the end of the run's.
+    fn phase_cpu(&mut self, figure: &'static str, now: f64) {
+        self.set(figure, now - self.cpu_at_last_phase);
+        self.cpu_at_last_phase = now;
     }
 
     /// Rows beside the real figures; those only at the reference sizes.
@@ -92,7 +103,7 @@ impl Measured {
         FIGURES
             .iter()
             .filter_map(|(figure, real, fitted)| {
-                let measured = *self.0.get(figure)?;
+                let measured = *self.figures.get(figure)?;
                 let real = real.filter(|_| at_reference_size);
                 Some(ReferenceRow {
                     figure: figure.to_string(),
@@ -149,14 +160,12 @@ pub(super) async fn reference(opts: &BenchOptions) -> anyhow::Result<ScenarioRes
 async fn phases(env: &Env, opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     let mut m = Measured::default();
     let mut r = burst(env, opts, &mut m).await?;
-    // From the burst's own reading, so the phases add up to the end of the run's CPU.
-    let mut cpu = PhaseCpu(m.0.get("(a) CCM CPU, s").copied().unwrap_or_default());
     tokio::time::sleep(opts.reference_idle.0).await;
-    cpu.record(env, &mut m, "(b) CCM CPU in the idle window, s");
+    m.phase_cpu("(b) CCM CPU in the idle window, s", env.usage().cpu_seconds);
     r.converged &= services(env, opts, &mut m, &mut r).await?;
-    cpu.record(env, &mut m, "(c) CCM CPU for the Services, s");
+    m.phase_cpu("(c) CCM CPU for the Services, s", env.usage().cpu_seconds);
     r.converged &= join_with_lbs(env, opts, &mut m, &mut r).await?;
-    cpu.record(env, &mut m, "(d) CCM CPU for the join, s");
+    m.phase_cpu("(d) CCM CPU for the join, s", env.usage().cpu_seconds);
     let before: u64 = env.cloud_calls().await.values().sum();
     tokio::time::sleep(opts.reference_idle_after_join.0).await;
     let after: u64 = env.cloud_calls().await.values().sum();
@@ -164,10 +173,10 @@ async fn phases(env: &Env, opts: &BenchOptions) -> anyhow::Result<ScenarioResult
         "(e) cloud calls in the idle window",
         (after - before) as f64,
     );
-    cpu.record(env, &mut m, "(e) CCM CPU in the idle window, s");
+    m.phase_cpu("(e) CCM CPU in the idle window, s", env.usage().cpu_seconds);
     r.converged &= join_one(env, opts, opts.nodes + 1).await?.ok;
-    cpu.record(env, &mut m, "(f) CCM CPU for the second join, s");
     let end = env.usage();
+    m.phase_cpu("(f) CCM CPU for the second join, s", end.cpu_seconds);
     m.set("end: CCM CPU, s", end.cpu_seconds);
     m.set("end: CCM peak RSS, MB", end.peak_rss_mb);
     r.usage = end;
@@ -175,18 +184,6 @@ async fn phases(env: &Env, opts: &BenchOptions) -> anyhow::Result<ScenarioResult
     let at_size = opts.nodes == 1000 && opts.services == 200 && opts.kubelets == 32;
     r.reference = m.rows(at_size);
     Ok(r)
-}
-
-/// The CCM's CPU seconds when the last phase ended.
-struct PhaseCpu(f64);
-
-impl PhaseCpu {
-    /// Sets `figure` to the CPU the CCM spent since the last phase ended.
-    fn record(&mut self, env: &Env, m: &mut Measured, figure: &'static str) {
-        let now = env.usage().cpu_seconds;
-        m.set(figure, now - self.0);
-        self.0 = now;
-    }
 }
 
 /// (a): the burst, until every Node is initialized and routed.
@@ -229,7 +226,7 @@ async fn burst(env: &Env, opts: &BenchOptions, m: &mut Measured) -> anyhow::Resu
     m.set("(a) first create → last initialized, s", last(&init));
     m.set("(a) first create → last routed, s", last(&net));
     let usage = env.usage();
-    m.set("(a) CCM CPU, s", usage.cpu_seconds);
+    m.phase_cpu("(a) CCM CPU, s", usage.cpu_seconds);
     m.set("(a) CCM peak RSS, MB", usage.peak_rss_mb);
     let mut r = ScenarioResult {
         scenario: "reference".into(),
