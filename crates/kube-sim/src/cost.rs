@@ -109,7 +109,8 @@ impl CostModel {
     /// 1,000 Nodes with the reference run's bodies, 200 LoadBalancer Services from 32 clients,
     /// a join; the sim cloud in the CCM's process) against the CCM measured there (main
     /// 1fc782c), and these costs reproduce it (docs/BENCHMARKS.md lists every figure, and the
-    /// ones the model does not reproduce: LB ingress at p99, the kubelets' registrations).
+    /// ones the model does not reproduce: LB ingress at p99, the kubelets' registrations, the
+    /// CCM's CPU after the burst, which a server without cost does not reproduce either).
     ///
     /// kube-sim's own request handling (JSON and protobuf, strategic-merge patches,
     /// managedFields, watch fan-out) is real CPU on the same cores, and with bodies the size a
@@ -124,7 +125,7 @@ impl CostModel {
     /// showed. A cacher that is behind moves its watchers on every 100 ms, so the CCM gets a
     /// burst's Nodes in chunks: the real CCM asked the cloud for instance metadata 52 times
     /// for 1,000 Nodes, one call per chunk, and spent 0.68 s of CPU; fed one event at a time
-    /// it asks 120–130 times and spends 0.8–1.2 s. A Service create takes its turn at the
+    /// it asks 120–136 times and spends 0.7–1.2 s. A Service create takes its turn at the
     /// allocator for 3 ms, one at a time: the real server's 200 creates from 32 clients took
     /// 0.9 s.
     pub fn calibrated() -> Self {
