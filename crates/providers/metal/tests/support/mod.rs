@@ -87,8 +87,7 @@ pub fn find_tool(tool: &str) -> PathBuf {
         })
 }
 
-/// A sushy-tools Redfish emulator with the fake systems driver, on 127.0.0.1 and an ephemeral
-/// port; killed on drop.
+/// A sushy-tools Redfish emulator with the fake systems driver, on 127.0.0.1; killed on drop.
 pub struct Sushy {
     child: Child,
     pub endpoint: String,
@@ -114,22 +113,47 @@ impl Sushy {
     }
 
     /// As [`Sushy::start_with`], requiring HTTP basic auth `(user, password)` when given.
+    /// The port is a free one below the kernel's ephemeral range, so that [`Sushy::restart`]
+    /// gets it back (see [`ccm_kube_sim::ports::free_loopback_ports`]); should another test
+    /// bind it first, the emulator starts again on another.
     pub fn start_full(
         systems: &[(&str, &str, &str)],
         tls: Option<(&str, &str)>,
         auth: Option<(&str, &str)>,
     ) -> Self {
-        Self::start_on(systems, tls, auth, "127.0.0.1", 0)
+        let mut failure = String::new();
+        for _ in 0..5 {
+            let port = ccm_kube_sim::ports::free_loopback_ports(1).expect("a free loopback port");
+            match Self::try_start(systems, tls, auth, "127.0.0.1", port, &[]) {
+                Ok(sushy) => return sushy,
+                Err(e) => failure = e,
+            }
+        }
+        panic!("sushy-emulator did not start on five free ports: {failure}")
     }
 
     /// Stops this emulator and starts one on the same address and port with other systems
-    /// and fresh state: the BMC after a machine was removed from it.
+    /// and fresh state: the BMC after a machine was removed from it. The port lies outside
+    /// the ephemeral range, so no outgoing connection can hold it; the retries cover the
+    /// moment the kernel takes to release it.
     pub fn restart(&mut self, systems: &[(&str, &str, &str)]) {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let hostport = self.endpoint.rsplit("//").next().expect("endpoint");
         let (host, port) = hostport.rsplit_once(':').expect("host:port");
-        *self = Self::start_on(systems, None, None, host, port.parse().expect("port"));
+        let port: u16 = port.parse().expect("port");
+        let mut failure = String::new();
+        for _ in 0..20 {
+            match Self::try_start(systems, None, None, host, port, &[]) {
+                Ok(sushy) => {
+                    *self = sushy;
+                    return;
+                }
+                Err(e) => failure = e,
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        panic!("sushy-emulator did not restart on {host}:{port}: {failure}")
     }
 
     /// The emulator on `ip:port` (port 0: an ephemeral one). Each system is
@@ -154,6 +178,18 @@ impl Sushy {
         port: u16,
         wrapper: &[&str],
     ) -> Self {
+        Self::try_start(systems, tls, auth, ip, port, wrapper).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts the emulator; on failure, says why with what it printed before it exited.
+    fn try_start(
+        systems: &[(&str, &str, &str)],
+        tls: Option<(&str, &str)>,
+        auth: Option<(&str, &str)>,
+        ip: &str,
+        port: u16,
+        wrapper: &[&str],
+    ) -> Result<Self, String> {
         let dir = TempDir::new("sushy");
         let mut tls_conf = String::new();
         if let Some((user, password)) = auth {
@@ -224,19 +260,33 @@ impl Sushy {
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
+            let mut printed = Vec::new();
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(rest) = line.split("Running on ").nth(1) {
-                    let _ = tx.send(rest.trim().to_string());
+                    let _ = tx.send(Ok(rest.trim().to_string()));
                 }
+                printed.push(line);
             }
+            let _ = tx.send(Err(printed.join("\n")));
         });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("sushy-emulator did not print its address within 30 s");
-        Sushy {
-            child,
-            endpoint: addr,
-            _dir: dir,
+        let started = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Ok(addr)) => Ok(addr),
+            Ok(Err(printed)) => Err(format!("sushy-emulator exited on {ip}:{port}:\n{printed}")),
+            Err(_) => Err(format!(
+                "sushy-emulator did not print its address on {ip}:{port} within 30 s"
+            )),
+        };
+        match started {
+            Ok(endpoint) => Ok(Sushy {
+                child,
+                endpoint,
+                _dir: dir,
+            }),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(e)
+            }
         }
     }
 
