@@ -510,6 +510,12 @@ impl SimCluster {
         out
     }
 
+    /// Connections the API server has accepted since it started, from every client (the CCM,
+    /// the kubelets, the bench's own): each a TLS handshake.
+    pub fn accepted_connections(&self) -> u64 {
+        self.kube.as_ref().map_or(0, KubeSim::accepted_connections)
+    }
+
     /// Successful writes by the CCM, optionally to one resource.
     pub fn ccm_writes(&self, resource: Option<&str>) -> u64 {
         let Some(kube) = &self.kube else { return 0 };

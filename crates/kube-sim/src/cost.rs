@@ -96,6 +96,9 @@ pub struct CostModel {
     /// transactions on a real server), not CPU, one create at a time: what spreads a burst of
     /// creates out.
     pub allocate: Cost,
+    /// CPU of one TLS handshake beyond kube-sim's own (rustls with an ECDSA P-256 key): a real
+    /// server signs each handshake with its serving key, RSA-2048 where kubeadm made it.
+    pub handshake: Cost,
 }
 
 impl CostModel {
@@ -141,6 +144,7 @@ impl CostModel {
             group_commit: Cost::default(),
             catch_up: Duration::from_millis(100),
             allocate: Cost::micros(3_000, 0),
+            handshake: Cost::default(),
         }
     }
 
@@ -163,20 +167,21 @@ impl CostModel {
             group_commit: self.group_commit,
             catch_up: self.catch_up,
             allocate: self.allocate,
+            handshake: scale(self.handshake),
         }
     }
 
     /// Sets one knob from `KNOB=BASE_US+PER_KIB_US` (e.g. `write=1800+200`), `KNOB` one of
     /// `get`, `list`, `watch`, `write`, `dispatch`, `send`, `commit`, `commit-queue` (µs per write
     /// ahead, no per-KiB part), `group-commit`, `catch-up` (µs between chunks, no per-KiB part),
-    /// `allocate`: to fit the model to another server, or to ask how
+    /// `allocate`, `handshake`: to fit the model to another server, or to ask how
     /// a figure moves with one cost.
     pub fn set_knob(&mut self, spec: &str) -> Result<(), String> {
         let usage = || {
             format!(
                 "{spec:?}: expected KNOB=BASE_US+PER_KIB_US with KNOB one of get, list, watch, \
                  write, dispatch, send, commit, commit-queue (BASE_US only), group-commit, \
-                 catch-up (BASE_US only), allocate (e.g. write=1800+200)"
+                 catch-up (BASE_US only), allocate, handshake (e.g. write=1800+200)"
             )
         };
         let (knob, value) = spec.split_once('=').ok_or_else(usage)?;
@@ -197,6 +202,7 @@ impl CostModel {
             "group-commit" => self.group_commit = cost,
             "catch-up" if cost.per_kib.is_zero() => self.catch_up = cost.base,
             "allocate" => self.allocate = cost,
+            "handshake" => self.handshake = cost,
             _ => return Err(usage()),
         }
         Ok(())
@@ -237,6 +243,11 @@ impl CostModel {
             let _turn = allocator.lock().await;
             tokio::time::sleep(wait).await;
         }
+    }
+
+    /// Burns one TLS handshake's CPU on a blocking thread.
+    pub(crate) async fn charge_handshake(&self) {
+        burn_on_blocking_thread(self.handshake.of(0)).await;
     }
 
     /// Burns one watch event's dispatch CPU on a blocking thread.
@@ -416,6 +427,8 @@ mod tests {
         assert_eq!(m.get, Cost::micros(500, 0));
         m.set_knob("send=40+3").expect("a watch write's CPU");
         assert_eq!(m.send, Cost::micros(40, 3));
+        m.set_knob("handshake=1500").expect("a TLS handshake's CPU");
+        assert_eq!(m.handshake, Cost::micros(1_500, 0));
         let err = m.set_knob("wrte=1+1").expect_err("unknown knob");
         assert!(err.contains("wrte=1+1") && err.contains("write"), "{err}");
         assert!(m.set_knob("write=fast").is_err());

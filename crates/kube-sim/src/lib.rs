@@ -239,6 +239,7 @@ impl KubeSim {
             default_watch_timeout: cfg.watch_timeout,
             server_address: RwLock::new(addr.to_string()),
             connections: Default::default(),
+            accepted: Default::default(),
             cost: RwLock::new(Arc::new(cfg.cost.clone())),
             allocations: tokio::sync::Mutex::new(()),
             etcd: Default::default(),
@@ -431,6 +432,13 @@ impl KubeSim {
         self.shared.connections.load(Ordering::Relaxed)
     }
 
+    /// Connections accepted since the start: each a TLS handshake when serving HTTPS. A
+    /// client's pool drops a connection idle for long enough (hyper's: 90 s), so a burst after
+    /// a quiet spell opens its connections again.
+    pub fn accepted_connections(&self) -> u64 {
+        self.shared.accepted.load(Ordering::Relaxed)
+    }
+
     /// Changes what each request costs from now on (see [`cost::CostModel`]).
     pub fn set_cost_model(&self, model: cost::CostModel) {
         let model = Arc::new(model);
@@ -531,8 +539,9 @@ async fn accept_loop(
                 });
             let builder =
                 hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            accepted.accepted.fetch_add(1, Ordering::Relaxed);
             let res = match tls {
-                Some(acc) => match acc.accept(stream).await {
+                Some(acc) => match handshake(&accepted, acc, stream).await {
                     Ok(s) => {
                         let _open = OpenConnection::new(&accepted);
                         builder
@@ -560,6 +569,17 @@ async fn accept_loop(
 }
 
 /// Counts a connection as open for as long as it lives.
+/// A TLS handshake, after its CPU in the cost model (none unless the `handshake` knob is set).
+async fn handshake(
+    shared: &Shared,
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+) -> std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    let cost = shared.cost.read().clone();
+    cost.charge_handshake().await;
+    acceptor.accept(stream).await
+}
+
 struct OpenConnection(Arc<Shared>);
 
 impl OpenConnection {

@@ -51,6 +51,8 @@ pub(crate) struct Shared {
     pub(crate) etcd: crate::cost::Etcd,
     /// Connections open now (counted once their TLS handshake succeeded, when serving TLS).
     pub connections: std::sync::atomic::AtomicU64,
+    /// Connections accepted since the start.
+    pub accepted: std::sync::atomic::AtomicU64,
     /// The watch cache's per-kind cursors, when the cost model charges dispatch.
     pub dispatch: crate::watch_cache::Dispatch,
 }
