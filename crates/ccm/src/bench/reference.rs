@@ -55,6 +55,8 @@ const FIGURES: &[(&str, Option<f64>, bool)] = &[
     ("(a) cloud calls: instances_metadata", Some(52.0), false),
     ("(a) route syncs counted", Some(63.0), false),
     ("(a) CCM GET requests", Some(150.0), false),
+    ("(a) CCM PATCH requests", Some(2128.0), false),
+    ("(a) CCM POST requests (Events)", Some(341.0), false),
     ("(a) CCM CPU, s", Some(0.68), true),
     ("(a) connections opened to the server", None, false),
     ("(a) CCM peak RSS, MB", Some(34.0), true),
@@ -257,13 +259,16 @@ async fn burst(env: &Env, opts: &BenchOptions, m: &mut Measured) -> anyhow::Resu
         .unwrap_or(0);
     m.set("(a) cloud calls: instances_metadata", calls as f64);
     m.set("(a) route syncs counted", r.route_syncs.unwrap_or(0) as f64);
-    let gets: u64 = r
-        .api_requests
-        .iter()
-        .filter(|(k, _)| k.starts_with("get "))
-        .map(|(_, n)| n)
-        .sum();
-    m.set("(a) CCM GET requests", gets as f64);
+    let requests = |verb: &str| -> f64 {
+        r.api_requests
+            .iter()
+            .filter(|(k, _)| k.split(' ').next() == Some(verb))
+            .map(|(_, n)| *n as f64)
+            .sum()
+    };
+    m.set("(a) CCM GET requests", requests("get"));
+    m.set("(a) CCM PATCH requests", requests("patch"));
+    m.set("(a) CCM POST requests (Events)", requests("create"));
     Ok(r)
 }
 
