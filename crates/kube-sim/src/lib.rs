@@ -568,7 +568,6 @@ async fn accept_loop(
     conns.shutdown().await;
 }
 
-/// Counts a connection as open for as long as it lives.
 /// A TLS handshake, after its CPU in the cost model (none unless the `handshake` knob is set).
 async fn handshake(
     shared: &Shared,
@@ -580,6 +579,7 @@ async fn handshake(
     acceptor.accept(stream).await
 }
 
+/// Counts a connection as open for as long as it lives.
 struct OpenConnection(Arc<Shared>);
 
 impl OpenConnection {

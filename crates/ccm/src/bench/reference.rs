@@ -56,7 +56,7 @@ const FIGURES: &[(&str, Option<f64>, bool)] = &[
     ("(a) route syncs counted", Some(63.0), false),
     ("(a) CCM GET requests", Some(150.0), false),
     ("(a) CCM PATCH requests", Some(2128.0), false),
-    ("(a) CCM POST requests (Events)", Some(341.0), false),
+    ("(a) CCM POST requests", Some(341.0), false),
     ("(a) CCM CPU, s", Some(0.68), true),
     ("(a) connections opened to the server", None, false),
     ("(a) CCM peak RSS, MB", Some(34.0), true),
@@ -268,7 +268,7 @@ async fn burst(env: &Env, opts: &BenchOptions, m: &mut Measured) -> anyhow::Resu
     };
     m.set("(a) CCM GET requests", requests("get"));
     m.set("(a) CCM PATCH requests", requests("patch"));
-    m.set("(a) CCM POST requests (Events)", requests("create"));
+    m.set("(a) CCM POST requests", requests("create"));
     Ok(r)
 }
 
