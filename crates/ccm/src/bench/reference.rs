@@ -60,6 +60,11 @@ const FIGURES: &[(&str, Option<f64>, bool)] = &[
     ("(a) CCM CPU, s", Some(0.68), true),
     ("(a) connections opened to the server", None, false),
     ("(a) CCM peak RSS, MB", Some(34.0), true),
+    (
+        "(b) CCM POST requests in the idle window",
+        Some(346.0),
+        false,
+    ),
     ("(b) CCM CPU in the idle window, s", None, false),
     ("(c) the Service creates took, s", Some(0.9), true),
     ("(c) ingress p50, s", Some(0.06), true),
@@ -166,7 +171,20 @@ pub(super) async fn reference(opts: &BenchOptions) -> anyhow::Result<ScenarioRes
 async fn phases(env: &Env, opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     let mut m = Measured::default();
     let mut r = burst(env, opts, &mut m).await?;
+    let posts = || -> u64 {
+        env.cluster
+            .ccm_requests()
+            .iter()
+            .filter(|(k, _)| k.starts_with("create "))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let posted = posts();
     tokio::time::sleep(opts.reference_idle.0).await;
+    m.set(
+        "(b) CCM POST requests in the idle window",
+        (posts() - posted) as f64,
+    );
     m.phase_cpu("(b) CCM CPU in the idle window, s", env.usage().cpu_seconds);
     r.converged &= services(env, opts, &mut m, &mut r).await?;
     m.phase_cpu("(c) CCM CPU for the Services, s", env.usage().cpu_seconds);
