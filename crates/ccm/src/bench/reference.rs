@@ -171,20 +171,10 @@ pub(super) async fn reference(opts: &BenchOptions) -> anyhow::Result<ScenarioRes
 async fn phases(env: &Env, opts: &BenchOptions) -> anyhow::Result<ScenarioResult> {
     let mut m = Measured::default();
     let mut r = burst(env, opts, &mut m).await?;
-    let posts = || -> u64 {
-        env.cluster
-            .ccm_requests()
-            .iter()
-            .filter(|(k, _)| k.starts_with("create "))
-            .map(|(_, n)| n)
-            .sum()
-    };
+    let posts = || requests_by_verb(&env.cluster.ccm_requests(), "create");
     let posted = posts();
     tokio::time::sleep(opts.reference_idle.0).await;
-    m.set(
-        "(b) CCM POST requests in the idle window",
-        (posts() - posted) as f64,
-    );
+    m.set("(b) CCM POST requests in the idle window", posts() - posted);
     m.phase_cpu("(b) CCM CPU in the idle window, s", env.usage().cpu_seconds);
     r.converged &= services(env, opts, &mut m, &mut r).await?;
     m.phase_cpu("(c) CCM CPU for the Services, s", env.usage().cpu_seconds);
@@ -277,16 +267,13 @@ async fn burst(env: &Env, opts: &BenchOptions, m: &mut Measured) -> anyhow::Resu
         .unwrap_or(0);
     m.set("(a) cloud calls: instances_metadata", calls as f64);
     m.set("(a) route syncs counted", r.route_syncs.unwrap_or(0) as f64);
-    let requests = |verb: &str| -> f64 {
-        r.api_requests
-            .iter()
-            .filter(|(k, _)| k.split(' ').next() == Some(verb))
-            .map(|(_, n)| *n as f64)
-            .sum()
-    };
-    m.set("(a) CCM GET requests", requests("get"));
-    m.set("(a) CCM PATCH requests", requests("patch"));
-    m.set("(a) CCM POST requests", requests("create"));
+    for (figure, verb) in [
+        ("(a) CCM GET requests", "get"),
+        ("(a) CCM PATCH requests", "patch"),
+        ("(a) CCM POST requests", "create"),
+    ] {
+        m.set(figure, requests_by_verb(&r.api_requests, verb));
+    }
     Ok(r)
 }
 
@@ -359,6 +346,18 @@ async fn register(
         .await
         .into_iter()
         .collect()
+}
+
+/// Of the CCM's requests by `"<verb> <resource>"` (as [`SimCluster::ccm_requests`] counts
+/// them), those of `verb`, over every resource.
+///
+/// [`SimCluster::ccm_requests`]: crate::cluster::SimCluster::ccm_requests
+fn requests_by_verb(requests: &BTreeMap<String, u64>, verb: &str) -> f64 {
+    requests
+        .iter()
+        .filter(|(k, _)| k.split(' ').next() == Some(verb))
+        .map(|(_, n)| *n as f64)
+        .sum()
 }
 
 fn set_percentiles(m: &mut Measured, figures: [&'static str; 2], p: Percentiles) {

@@ -94,7 +94,8 @@ fn a_silent_bmc_times_out_within_the_bound_and_keeps_the_node() {
         "10.213.0.2",
         8000,
         &exec,
-    );
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let config = format!(
         "[bmc]\ntimeout_ms = {TIMEOUT_MS}\n[[machines]]\nname = \"node-a\"\n[machines.bmc]\nendpoint = \"{}\"\n",
         sushy.endpoint

@@ -87,6 +87,27 @@ pub fn find_tool(tool: &str) -> PathBuf {
         })
 }
 
+/// `start` until it succeeds, at most `attempts` times with `pause` between; panics with the
+/// last failure, saying what could not be done.
+fn retry<T>(
+    what: &str,
+    attempts: u32,
+    pause: Duration,
+    mut start: impl FnMut() -> Result<T, String>,
+) -> T {
+    let mut failure = String::new();
+    for attempt in 0..attempts {
+        if attempt > 0 {
+            std::thread::sleep(pause);
+        }
+        match start() {
+            Ok(started) => return started,
+            Err(e) => failure = e,
+        }
+    }
+    panic!("sushy-emulator did not {what}: {failure}")
+}
+
 /// A sushy-tools Redfish emulator with the fake systems driver, on 127.0.0.1; killed on drop.
 pub struct Sushy {
     child: Child,
@@ -121,15 +142,10 @@ impl Sushy {
         tls: Option<(&str, &str)>,
         auth: Option<(&str, &str)>,
     ) -> Self {
-        let mut failure = String::new();
-        for _ in 0..5 {
+        retry("start on five free ports", 5, Duration::ZERO, || {
             let port = ccm_kube_sim::ports::free_loopback_ports(1).expect("a free loopback port");
-            match Self::try_start(systems, tls, auth, "127.0.0.1", port, &[]) {
-                Ok(sushy) => return sushy,
-                Err(e) => failure = e,
-            }
-        }
-        panic!("sushy-emulator did not start on five free ports: {failure}")
+            Self::start_cmd(systems, tls, auth, "127.0.0.1", port, &[])
+        })
     }
 
     /// Stops this emulator and starts one on the same address and port with other systems
@@ -142,47 +158,21 @@ impl Sushy {
         let hostport = self.endpoint.rsplit("//").next().expect("endpoint");
         let (host, port) = hostport.rsplit_once(':').expect("host:port");
         let port: u16 = port.parse().expect("port");
-        let mut failure = String::new();
-        for _ in 0..20 {
-            match Self::try_start(systems, None, None, host, port, &[]) {
-                Ok(sushy) => {
-                    *self = sushy;
-                    return;
-                }
-                Err(e) => failure = e,
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
-        panic!("sushy-emulator did not restart on {host}:{port}: {failure}")
+        let host = host.to_string();
+        *self = retry(
+            "restart on its port",
+            20,
+            Duration::from_millis(250),
+            || Self::start_cmd(systems, None, None, &host, port, &[]),
+        );
     }
 
-    /// The emulator on `ip:port` (port 0: an ephemeral one). Each system is
-    /// `(name, uuid, power_state)`: the fake driver serves it at `/redfish/v1/Systems/<uuid>`
-    /// and lists the UUID in the collection; a request by name is redirected (307) to it.
-    pub fn start_on(
-        systems: &[(&str, &str, &str)],
-        tls: Option<(&str, &str)>,
-        auth: Option<(&str, &str)>,
-        ip: &str,
-        port: u16,
-    ) -> Self {
-        Self::start_cmd(systems, tls, auth, ip, port, &[])
-    }
-
-    /// As [`Sushy::start_on`], run through `wrapper` (e.g. `ip netns exec <ns>`).
+    /// The emulator on `ip:port`, run through `wrapper` (e.g. `ip netns exec <ns>`; none: run
+    /// directly). Each system is `(name, uuid, power_state)`: the fake driver serves it at
+    /// `/redfish/v1/Systems/<uuid>` and lists the UUID in the collection; a request by name is
+    /// redirected (307) to it. On failure, says why with what the emulator printed before it
+    /// exited.
     pub fn start_cmd(
-        systems: &[(&str, &str, &str)],
-        tls: Option<(&str, &str)>,
-        auth: Option<(&str, &str)>,
-        ip: &str,
-        port: u16,
-        wrapper: &[&str],
-    ) -> Self {
-        Self::try_start(systems, tls, auth, ip, port, wrapper).unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    /// Starts the emulator; on failure, says why with what it printed before it exited.
-    fn try_start(
         systems: &[(&str, &str, &str)],
         tls: Option<(&str, &str)>,
         auth: Option<(&str, &str)>,
@@ -260,14 +250,19 @@ impl Sushy {
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let mut printed = Vec::new();
+            // What the emulator printed, kept only until it has started; then drained unread.
+            let mut printed = Some(Vec::new());
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(rest) = line.split("Running on ").nth(1) {
                     let _ = tx.send(Ok(rest.trim().to_string()));
+                    printed = None;
+                } else if let Some(p) = printed.as_mut() {
+                    p.push(line);
                 }
-                printed.push(line);
             }
-            let _ = tx.send(Err(printed.join("\n")));
+            if let Some(p) = printed {
+                let _ = tx.send(Err(p.join("\n")));
+            }
         });
         let started = match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(Ok(addr)) => Ok(addr),
