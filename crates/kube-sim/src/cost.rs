@@ -74,10 +74,12 @@ pub struct CostModel {
     pub send: Cost,
     /// Time a write waits for its commit (etcd Raft + fsync), not CPU.
     pub commit: Cost,
-    /// Extra commit wait per write already committing when this one starts: etcd applies
-    /// writes one after another, so a write that arrives behind others waits for them, and a
-    /// quiet server commits sooner than a busy one.
-    pub commit_queue: Duration,
+    /// Extra commit wait per write already committing when this one starts (`base + per_kib ×`
+    /// this write's KiB), not CPU: a write that arrives behind others waits for them, and a
+    /// quiet server commits sooner than a busy one. With a per-KiB part a small write gets
+    /// through a busy server sooner than a large one, as goroutines sharing a real server's
+    /// cores do: each waits in proportion to its own work.
+    pub commit_queue: Cost,
     /// Time etcd takes to commit one *batch* of writes (`base + per_kib ×` the batch's KiB), not
     /// CPU: etcd's Raft loop commits the proposals that arrived while the previous batch was
     /// being written, together, with one fsync, and its watch hands the apiserver the batch's
@@ -140,7 +142,7 @@ impl CostModel {
             dispatch: Cost::micros(20, 0),
             send: Cost::micros(40, 5),
             commit: Cost::micros(2_000, 500),
-            commit_queue: Duration::from_micros(500),
+            commit_queue: Cost::micros(500, 0),
             group_commit: Cost::default(),
             catch_up: Duration::from_millis(100),
             allocate: Cost::micros(3_000, 0),
@@ -173,14 +175,14 @@ impl CostModel {
 
     /// Sets one knob from `KNOB=BASE_US+PER_KIB_US` (e.g. `write=1800+200`), `KNOB` one of
     /// `get`, `list`, `watch`, `write`, `dispatch`, `send`, `commit`, `commit-queue` (µs per write
-    /// ahead, no per-KiB part), `group-commit`, `catch-up` (µs between chunks, no per-KiB part),
+    /// ahead), `group-commit`, `catch-up` (µs between chunks, no per-KiB part),
     /// `allocate`, `handshake`: to fit the model to another server, or to ask how
     /// a figure moves with one cost.
     pub fn set_knob(&mut self, spec: &str) -> Result<(), String> {
         let usage = || {
             format!(
                 "{spec:?}: expected KNOB=BASE_US+PER_KIB_US with KNOB one of get, list, watch, \
-                 write, dispatch, send, commit, commit-queue (BASE_US only), group-commit, \
+                 write, dispatch, send, commit, commit-queue, group-commit, \
                  catch-up (BASE_US only), allocate, handshake (e.g. write=1800+200)"
             )
         };
@@ -198,7 +200,7 @@ impl CostModel {
             "dispatch" => self.dispatch = cost,
             "send" => self.send = cost,
             "commit" => self.commit = cost,
-            "commit-queue" if cost.per_kib.is_zero() => self.commit_queue = cost.base,
+            "commit-queue" => self.commit_queue = cost,
             "group-commit" => self.group_commit = cost,
             "catch-up" if cost.per_kib.is_zero() => self.catch_up = cost.base,
             "allocate" => self.allocate = cost,
@@ -228,7 +230,7 @@ impl CostModel {
     pub fn commit(&self, verb: Verb, bytes: usize, ahead: usize) -> Duration {
         if verb.is_write() {
             let ahead = u32::try_from(ahead).unwrap_or(u32::MAX);
-            self.commit.of(bytes) + self.commit_queue.saturating_mul(ahead)
+            self.commit.of(bytes) + self.commit_queue.of(bytes).saturating_mul(ahead)
         } else {
             Duration::ZERO
         }
@@ -433,18 +435,19 @@ mod tests {
         assert!(err.contains("wrte=1+1") && err.contains("write"), "{err}");
         assert!(m.set_knob("write=fast").is_err());
         m.set_knob("commit-queue=300").expect("µs per write ahead");
-        assert_eq!(m.commit_queue, Duration::from_micros(300));
-        let err = m
-            .set_knob("commit-queue=300+10")
-            .expect_err("no per-KiB part");
-        assert!(err.contains("commit-queue (BASE_US only)"), "{err}");
+        assert_eq!(m.commit_queue, Cost::micros(300, 0));
+        m.set_knob("commit-queue=100+200")
+            .expect("and per KiB of this write");
+        assert_eq!(m.commit_queue, Cost::micros(100, 200));
+        let err = m.set_knob("catch-up=300+10").expect_err("no per-KiB part");
+        assert!(err.contains("catch-up (BASE_US only)"), "{err}");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_write_behind_others_commits_later_than_one_on_a_quiet_server() {
         let mut model = CostModel::free();
         model.commit = Cost::micros(2_000, 0);
-        model.commit_queue = Duration::from_millis(1);
+        model.commit_queue = Cost::micros(1_000, 0);
         let etcd = Etcd::default();
         let write = || async {
             let start = tokio::time::Instant::now();
@@ -467,6 +470,27 @@ mod tests {
             "every write left the queue"
         );
         assert_eq!(write().await, Duration::from_millis(2), "quiet again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn behind_the_same_writes_a_small_write_commits_sooner_than_a_large_one() {
+        let mut model = CostModel::free();
+        model.commit = Cost::micros(2_000, 0);
+        model.commit_queue = Cost::micros(0, 1_000);
+        let etcd = Etcd::default();
+        let write = |kib: usize| {
+            let (model, etcd) = (&model, &etcd);
+            async move {
+                let t0 = tokio::time::Instant::now();
+                model.charge(Verb::Patch, kib * 1024, etcd).await;
+                t0.elapsed().as_millis()
+            }
+        };
+        assert_eq!(write(4).await, 2, "alone: the commit only");
+        // Paused time: the three join together; each waits 1 ms per KiB of its own for each
+        // write ahead of it.
+        let (first, small, large) = tokio::join!(write(8), write(1), write(4));
+        assert_eq!((first, small, large), (2, 3, 10));
     }
 
     #[tokio::test(start_paused = true)]

@@ -149,9 +149,9 @@ pub struct BenchOptions {
     #[arg(long, default_value_t = 1.0)]
     pub api_cost_scale: f64,
     /// Sets one cost of the calibrated model, `KNOB=BASE_US+PER_KIB_US` with KNOB one of get,
-    /// list, watch, write, dispatch, send, commit, commit-queue (µs per write ahead),
-    /// group-commit, catch-up (µs between a lagging watch cache's chunks), allocate
-    /// (repeatable; applied before --api-cost-scale): to fit the model to another server
+    /// list, watch, write, dispatch, send, commit, commit-queue (per write ahead, by this
+    /// write's size), group-commit, catch-up (µs between a lagging watch cache's chunks),
+    /// allocate, handshake (repeatable; applied before --api-cost-scale): to fit the model to another server
     /// (docs/BENCHMARKS.md, "The cost model").
     #[arg(long = "api-cost-knob")]
     pub api_cost_knobs: Vec<String>,
