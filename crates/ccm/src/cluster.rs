@@ -103,8 +103,17 @@ impl SimCluster {
     /// Starts kube-sim (over HTTPS, as every real API server serves: kubectl sends the
     /// kubeconfig's bearer token only over TLS) and an empty cloud.
     pub async fn start(cloud: SimCloud) -> anyhow::Result<Self> {
+        Self::start_with_threads(cloud, None).await
+    }
+
+    /// [`Self::start`] with kube-sim on `threads` of its own (`ccm_kube_sim::Config::threads`).
+    pub async fn start_with_threads(
+        cloud: SimCloud,
+        threads: Option<usize>,
+    ) -> anyhow::Result<Self> {
         let config = ccm_kube_sim::Config {
             tls: true,
+            threads,
             ..ccm_kube_sim::Config::default()
         };
         let kube = KubeSim::start(config)

@@ -116,6 +116,12 @@ pub struct Config {
     /// [`cost::CostModel::free`] by default, [`cost::CostModel::calibrated`] to behave like
     /// kube-apiserver + etcd on a small machine.
     pub cost: cost::CostModel,
+    /// Serve on a runtime of its own with this many worker threads instead of the caller's: a
+    /// real API server is a process of its own (GOMAXPROCS threads), so its requests and its
+    /// clients' work share the cores by the kernel's scheduling, not by one queue of tasks,
+    /// and a saturated server does not hold up a watcher that measures it. `None` (the
+    /// default): on the caller's runtime.
+    pub threads: Option<usize>,
 }
 
 impl Default for Config {
@@ -137,6 +143,7 @@ impl Default for Config {
             fault_429_rate: 0.0,
             fault_500_rate: 0.0,
             cost: cost::CostModel::free(),
+            threads: None,
         }
     }
 }
@@ -150,6 +157,8 @@ pub struct KubeSim {
     faults: Faults,
     stop: tokio::sync::watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// The runtime it serves on, when [`Config::threads`] gave it one of its own.
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl Drop for KubeSim {
@@ -157,6 +166,10 @@ impl Drop for KubeSim {
         let _ = self.stop.send(true);
         if let Some(t) = self.task.take() {
             t.abort();
+        }
+        // Without waiting: dropping a runtime blocks, which an async caller must not.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
         }
     }
 }
@@ -179,6 +192,34 @@ fn validate_cidrs(cidrs: &[IpNet]) -> anyhow::Result<()> {
 impl KubeSim {
     /// Starts serving on `cfg.listen` with the default namespaces and the `kubernetes` Service.
     pub async fn start(cfg: Config) -> anyhow::Result<Self> {
+        let Some(threads) = cfg.threads else {
+            return Self::start_here(cfg).await;
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("kube-sim")
+            .enable_all()
+            .build()
+            .context("starting kube-sim's runtime")?;
+        let started = rt.spawn(Self::start_here(cfg)).await;
+        match started {
+            Ok(Ok(mut sim)) => {
+                sim.runtime = Some(rt);
+                Ok(sim)
+            }
+            Ok(Err(e)) => {
+                rt.shutdown_background();
+                Err(e)
+            }
+            Err(e) => {
+                rt.shutdown_background();
+                Err(anyhow::anyhow!("kube-sim's start failed: {e}"))
+            }
+        }
+    }
+
+    /// [`Self::start`] on the current runtime.
+    async fn start_here(cfg: Config) -> anyhow::Result<Self> {
         validate_cidrs(&cfg.service_cidrs)?;
         anyhow::ensure!(!cfg.tokens.is_empty(), "at least one token is required");
         anyhow::ensure!(
@@ -244,6 +285,7 @@ impl KubeSim {
             allocations: tokio::sync::Mutex::new(()),
             etcd: Default::default(),
             dispatch: Default::default(),
+            runtime: tokio::runtime::Handle::current(),
         });
         watch_cache::Dispatch::start_if_charged(&shared, &cfg.cost);
         let acceptor = match &tls {
@@ -260,6 +302,7 @@ impl KubeSim {
             faults,
             stop,
             task: Some(task),
+            runtime: None,
         })
     }
 

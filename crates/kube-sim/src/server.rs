@@ -55,6 +55,8 @@ pub(crate) struct Shared {
     pub accepted: std::sync::atomic::AtomicU64,
     /// The watch cache's per-kind cursors, when the cost model charges dispatch.
     pub dispatch: crate::watch_cache::Dispatch,
+    /// The runtime it serves on, for tasks started from a caller's ([`crate::Config::threads`]).
+    pub runtime: tokio::runtime::Handle,
 }
 
 /// Query parameters, percent-decoded.

@@ -48,7 +48,9 @@ impl Dispatch {
                 .map(|res| {
                     let (rx, rv) = shared.store.subscribe(res);
                     let (tx, cursor) = watch::channel(rv);
-                    tokio::spawn(run_cacher(Arc::downgrade(shared), rx, tx));
+                    shared
+                        .runtime
+                        .spawn(run_cacher(Arc::downgrade(shared), rx, tx));
                     cursor
                 })
                 .collect()

@@ -164,7 +164,10 @@ impl Env {
         let cloud = sim_cloud(opts, fault_rate)?;
         let mut cluster = match &opts.kubeconfig {
             Some(path) => SimCluster::connect(path, cloud.clone()).await?,
-            None => SimCluster::start(cloud.clone()).await?,
+            None => {
+                let threads = (opts.api_threads > 0).then_some(opts.api_threads);
+                SimCluster::start_with_threads(cloud.clone(), threads).await?
+            }
         };
         cluster.bodies = opts.objects;
         if let Some(kube) = &cluster.kube {

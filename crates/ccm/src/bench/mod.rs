@@ -151,10 +151,15 @@ pub struct BenchOptions {
     /// Sets one cost of the calibrated model, `KNOB=BASE_US+PER_KIB_US` with KNOB one of get,
     /// list, watch, write, dispatch, send, commit, commit-queue (per write ahead, by this
     /// write's size), group-commit, catch-up (µs between a lagging watch cache's chunks),
-    /// allocate, handshake (repeatable; applied before --api-cost-scale): to fit the model to another server
-    /// (docs/BENCHMARKS.md, "The cost model").
+    /// allocate, handshake (repeatable; applied before --api-cost-scale): to fit the model to
+    /// another server (docs/BENCHMARKS.md, "The cost model").
     #[arg(long = "api-cost-knob")]
     pub api_cost_knobs: Vec<String>,
+    /// kube-sim serves on threads of its own, this many (a real API server's GOMAXPROCS),
+    /// instead of on the bench's, where the simulated kubelets and the watchers that measure
+    /// run: 0 shares the bench's.
+    #[arg(long, default_value_t = 0)]
+    pub api_threads: usize,
     /// Nodes registering at once in the scale scenario.
     #[arg(long, default_value_t = 5000)]
     pub scale_nodes: u32,
