@@ -443,17 +443,27 @@ mod tests {
         assert!(err.contains("catch-up (BASE_US only)"), "{err}");
     }
 
+    /// A 2-ms commit and `queue` per write ahead, nothing else.
+    fn queued_commits(queue: Cost) -> CostModel {
+        CostModel {
+            commit: Cost::micros(2_000, 0),
+            commit_queue: queue,
+            ..CostModel::free()
+        }
+    }
+
+    /// How long a PATCH of `bytes` takes to be charged.
+    async fn timed_patch(model: &CostModel, etcd: &Etcd, bytes: usize) -> Duration {
+        let start = tokio::time::Instant::now();
+        model.charge(Verb::Patch, bytes, etcd).await;
+        start.elapsed()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_write_behind_others_commits_later_than_one_on_a_quiet_server() {
-        let mut model = CostModel::free();
-        model.commit = Cost::micros(2_000, 0);
-        model.commit_queue = Cost::micros(1_000, 0);
+        let model = queued_commits(Cost::micros(1_000, 0));
         let etcd = Etcd::default();
-        let write = || async {
-            let start = tokio::time::Instant::now();
-            model.charge(Verb::Patch, 0, &etcd).await;
-            start.elapsed()
-        };
+        let write = || timed_patch(&model, &etcd, 0);
         assert_eq!(
             write().await,
             Duration::from_millis(2),
@@ -474,17 +484,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn behind_the_same_writes_a_small_write_commits_sooner_than_a_large_one() {
-        let mut model = CostModel::free();
-        model.commit = Cost::micros(2_000, 0);
-        model.commit_queue = Cost::micros(0, 1_000);
+        let model = queued_commits(Cost::micros(0, 1_000));
         let etcd = Etcd::default();
         let write = |kib: usize| {
             let (model, etcd) = (&model, &etcd);
-            async move {
-                let t0 = tokio::time::Instant::now();
-                model.charge(Verb::Patch, kib * 1024, etcd).await;
-                t0.elapsed().as_millis()
-            }
+            async move { timed_patch(model, etcd, kib * 1024).await.as_millis() }
         };
         assert_eq!(write(4).await, 2, "alone: the commit only");
         // Paused time: the three join together; each waits 1 ms per KiB of its own for each

@@ -201,19 +201,19 @@ impl KubeSim {
             .enable_all()
             .build()
             .context("starting kube-sim's runtime")?;
-        let started = rt.spawn(Self::start_here(cfg)).await;
+        let started = match rt.spawn(Self::start_here(cfg)).await {
+            Ok(started) => started,
+            Err(e) => Err(anyhow::anyhow!("kube-sim's start failed: {e}")),
+        };
         match started {
-            Ok(Ok(mut sim)) => {
+            Ok(mut sim) => {
                 sim.runtime = Some(rt);
                 Ok(sim)
             }
-            Ok(Err(e)) => {
-                rt.shutdown_background();
-                Err(e)
-            }
+            // Not dropped: dropping a runtime blocks, which an async caller must not.
             Err(e) => {
                 rt.shutdown_background();
-                Err(anyhow::anyhow!("kube-sim's start failed: {e}"))
+                Err(e)
             }
         }
     }
